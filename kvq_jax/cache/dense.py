@@ -1,0 +1,76 @@
+"""Full-precision (float32 / bfloat16 / float16) KV cache: the baseline.
+
+Keys are stored *after* RoPE, so reading them back needs no rotation. The
+storage dtype may differ from the compute dtype; keys/values are cast to it
+when written, which is exactly the rounding a bf16/fp16 cache introduces.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from kvq_jax.cache.attention import attention_mask, gqa_attention
+from kvq_jax.models.rope import Rope
+
+_ALLOWED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def write_slots(buffer_BxSxKxH: jax.Array, new_BxTxKxH: jax.Array,
+                start_B: jax.Array) -> jax.Array:
+  """Writes new_BxTxKxH at slots [start_b, start_b + T) of each sequence b."""
+  def write_one(buffer_SxKxH, new_TxKxH, start):
+    return jax.lax.dynamic_update_slice(
+        buffer_SxKxH, new_TxKxH.astype(buffer_SxKxH.dtype),
+        (start, jnp.int32(0), jnp.int32(0)))
+  return jax.vmap(write_one)(buffer_BxSxKxH, new_BxTxKxH,
+                             start_B.astype(jnp.int32))
+
+
+@struct.dataclass
+class DenseLayerCache:
+  """One layer's keys (post-RoPE) and values, [B, S=capacity, K, H]."""
+
+  k_BxSxKxH: jax.Array
+  v_BxSxKxH: jax.Array
+  length_B: jax.Array  # int32 [B]
+  capacity: int = struct.field(pytree_node=False)
+
+  @classmethod
+  def create(cls, batch_size: int, capacity: int, num_kv_heads: int,
+             head_dim: int, dtype=jnp.float32) -> DenseLayerCache:
+    for name, value in (("batch_size", batch_size), ("capacity", capacity),
+                        ("num_kv_heads", num_kv_heads),
+                        ("head_dim", head_dim)):
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(
+            f"DenseLayerCache.{name}={value!r}: must be a positive integer.")
+    dtype = jnp.dtype(dtype)
+    if dtype not in [jnp.dtype(d) for d in _ALLOWED_DTYPES]:
+      raise ValueError(
+          f"DenseLayerCache.dtype={dtype}: allowed are float32, bfloat16, "
+          "float16.")
+    shape = (batch_size, capacity, num_kv_heads, head_dim)
+    return cls(k_BxSxKxH=jnp.zeros(shape, dtype),
+               v_BxSxKxH=jnp.zeros(shape, dtype),
+               length_B=jnp.zeros((batch_size,), jnp.int32),
+               capacity=capacity)
+
+  @property
+  def dtype(self) -> jnp.dtype:
+    return self.k_BxSxKxH.dtype
+
+  def attend(self, q_BxTxNxH: jax.Array, k_BxTxKxH: jax.Array,
+             v_BxTxKxH: jax.Array, positions_BxT: jax.Array,
+             rope: Rope) -> tuple[jax.Array, DenseLayerCache]:
+    """Writes the T new tokens, then attends over the whole cache."""
+    num_new = q_BxTxNxH.shape[1]
+    k_rot_BxTxKxH = rope(k_BxTxKxH, positions_BxT)
+    k_all = write_slots(self.k_BxSxKxH, k_rot_BxTxKxH, self.length_B)
+    v_all = write_slots(self.v_BxSxKxH, v_BxTxKxH, self.length_B)
+    mask_BxTxS = attention_mask(self.length_B, num_new, self.capacity)
+    out_BxTxNxH = gqa_attention(q_BxTxNxH, k_all, v_all, mask_BxTxS)
+    new_cache = self.replace(k_BxSxKxH=k_all, v_BxSxKxH=v_all,
+                             length_B=self.length_B + num_new)
+    return out_BxTxNxH, new_cache

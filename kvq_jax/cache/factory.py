@@ -1,0 +1,29 @@
+"""Building a whole model's cache: one layer cache per decoder layer."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from kvq_jax.cache import init_layer_caches
+from kvq_jax.cache.dense import DenseLayerCache
+from kvq_jax.cache.quantized import QuantizedLayerCache
+from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.models.config import ModelConfig
+
+
+def init_cache(config: ModelConfig, batch_size: int, capacity: int,
+               spec: CacheSpec | None = None, dtype=jnp.float32) -> list:
+  """Per-layer caches: dense where a layer is full precision, else quantized.
+
+  `dtype` is the full-precision dtype (the dense baseline's storage and the
+  quantized cache's sink/residual buffers).
+  """
+  def make(i: int):
+    layer = None if spec is None else spec.layer(i)
+    if layer is None or layer.is_full_precision:
+      return DenseLayerCache.create(batch_size, capacity, config.num_kv_heads,
+                                    config.head_dim, dtype)
+    return QuantizedLayerCache.create(layer, batch_size, capacity,
+                                      config.num_kv_heads, config.head_dim,
+                                      dtype)
+  return init_layer_caches(config, make)

@@ -1,0 +1,430 @@
+"""Flash-decoding Pallas kernel over the packed (quantized) KV cache.
+
+One query token per sequence attends to a heads-major cache [B, K, S, H]. The
+grid is (B, K, k_splits): each program owns one KV head of one sequence and one
+contiguous split of S / k_splits slots, keeps all G query heads of that KV head
+in one [G, H] block (grouped-query attention), and runs an online softmax over
+blocks of `block_k` slots, stopping at the sequence's length. The splits are
+merged afterwards in jnp by log-sum-exp, as in jax's
+`jax/experimental/pallas/ops/gpu/decode_attention.py`.
+
+Packed codes are unpacked inside the kernel with shifts and masks
+(uint8 -> int32 -> float32). To avoid an in-kernel interleave, a byte is read
+as `parts = 8 / bits` code planes (plane j holds elements h = parts * i + j):
+the query is split into the key's planes outside the kernel, the scores are
+the sum of the per-plane dot products, and the output is produced per value
+plane and interleaved back outside.
+
+Masking: slots >= length_b are excluded; a length-0 sequence returns zeros and
+lse = -inf, without NaN.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+from jax.experimental import pallas as pl
+import jax.numpy as jnp
+
+from kvq_jax.kernels.cache_layout import PackedLayout, describe_packed
+from kvq_jax.kernels.reference import decode_attention_reference  # Re-export.
+
+__all__ = ["decode_attention", "decode_attention_dense",
+           "decode_attention_dense_supported", "decode_attention_reference",
+           "decode_attention_supported"]
+
+DEFAULT_BLOCK_K = 128
+_MAX_AUTO_SPLITS = 16
+
+
+def _is_pow2(n: int) -> bool:
+  return n > 0 and n & (n - 1) == 0
+
+
+def _next_pow2(n: int) -> int:
+  return 1 << max(0, (n - 1).bit_length())
+
+
+def _padded_heads(g: int, interpret: bool) -> int:
+  """Query heads per block: a power of two; >= 16 for Triton's tl.dot."""
+  gp = _next_pow2(g)
+  if not interpret and jax.default_backend() == "gpu":
+    gp = max(gp, 16)
+  elif not interpret and jax.default_backend() == "tpu":
+    gp = max(gp, 8)
+  return gp
+
+
+def _resolve_tiling(num_slots: int, block_k: int,
+                    k_splits: int | None) -> tuple[int, int] | str:
+  """Returns (block_k, k_splits) actually used, or why S does not tile."""
+  if not isinstance(block_k, int) or not _is_pow2(block_k):
+    return (f"block_k={block_k!r}: must be a positive power of two "
+            "(Triton block shapes are powers of two).")
+  block_k = min(block_k, num_slots)
+  if num_slots % block_k:
+    return (f"cache slots S={num_slots} is not a multiple of block_k="
+            f"{block_k}; allocate the cache with a capacity that is.")
+  n_blocks = num_slots // block_k
+  if k_splits is None:
+    k_splits = min(_MAX_AUTO_SPLITS, n_blocks)
+    while n_blocks % k_splits:
+      k_splits -= 1
+  if not isinstance(k_splits, int) or k_splits < 1 or n_blocks % k_splits:
+    return (f"k_splits={k_splits!r}: must be a positive divisor of the "
+            f"{n_blocks} blocks of block_k={block_k} in S={num_slots}.")
+  return block_k, k_splits
+
+
+def _check_token_groups(layout: PackedLayout, name: str, block_k: int,
+                        split_len: int) -> str | None:
+  if layout.scale_axis != -2:
+    return None
+  gt = layout.token_group
+  if block_k % gt and gt % block_k:
+    return (f"block_k={block_k} must be a multiple (or divisor) of {name}'s "
+            f"per-channel token group {gt}.")
+  if split_len % gt and gt % split_len:
+    return (f"the split length S/k_splits={split_len} must be a multiple (or "
+            f"divisor) of {name}'s per-channel token group {gt}.")
+  return None
+
+
+def _check_common(q, length, num_kv: int, batch: int,
+                  head_dim: int) -> str | None:
+  if q.ndim != 4:
+    return (f"q has shape {tuple(q.shape)}; expected [B, K, G, H] (one query "
+            "token per sequence, query heads grouped by KV head).")
+  if tuple(q.shape[:2]) != (batch, num_kv) or q.shape[3] != head_dim:
+    return (f"q has shape {tuple(q.shape)}; expected [B={batch}, K={num_kv}, "
+            f"G, H={head_dim}] to match the cache.")
+  if tuple(jnp.shape(length)) != (batch,):
+    return (f"length_B has shape {tuple(jnp.shape(length))}; expected "
+            f"[B={batch}].")
+  return None
+
+
+def decode_attention_supported(q_BxKxGxH, k, v, length_B, *,
+                               block_k: int = DEFAULT_BLOCK_K,
+                               k_splits: int | None = None) -> str | None:
+  """Why `decode_attention` cannot run on these inputs, or None if it can."""
+  head_dim = q_BxKxGxH.shape[-1]
+  if not hasattr(k, "data") or not hasattr(v, "data"):
+    return ("k and v must be kvq_jax.quant.QuantizedArray; use "
+            "decode_attention_dense for plain arrays.")
+  if k.data.ndim != 4:
+    return (f"k.data has shape {tuple(k.data.shape)}; expected the "
+            "heads-major cache [B, K, S, H*bits/8].")
+  batch, num_kv, num_slots = k.data.shape[:3]
+  reason = _check_common(q_BxKxGxH, length_B, num_kv, batch, head_dim)
+  if reason:
+    return reason
+  layouts = [describe_packed(x, head_dim, n, num_slots)
+             for x, n in ((k, "k"), (v, "v"))]
+  for layout in layouts:
+    if isinstance(layout, str):
+      return layout
+  if tuple(v.data.shape[:3]) != (batch, num_kv, num_slots):
+    return (f"v.data has shape {tuple(v.data.shape)}; K and V must share "
+            f"[B, K, S] = {(batch, num_kv, num_slots)}.")
+  tiling = _resolve_tiling(num_slots, block_k, k_splits)
+  if isinstance(tiling, str):
+    return tiling
+  bk, ns = tiling
+  for layout, n in zip(layouts, ("k", "v")):
+    reason = _check_token_groups(layout, n, bk, num_slots // ns)
+    if reason:
+      return reason
+  return None
+
+
+def decode_attention_dense_supported(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH,
+                                     length_B, *,
+                                     block_k: int = DEFAULT_BLOCK_K,
+                                     k_splits: int | None = None) -> str | None:
+  """Why `decode_attention_dense` cannot run on these inputs, or None."""
+  if hasattr(k_BxKxSxH, "data") or hasattr(v_BxKxSxH, "data"):
+    return ("k and v must be plain [B, K, S, H] arrays; use decode_attention "
+            "for QuantizedArray caches.")
+  if k_BxKxSxH.ndim != 4:
+    return (f"k has shape {tuple(k_BxKxSxH.shape)}; expected the heads-major "
+            "cache [B, K, S, H].")
+  batch, num_kv, num_slots, head_dim = k_BxKxSxH.shape
+  reason = _check_common(q_BxKxGxH, length_B, num_kv, batch, head_dim)
+  if reason:
+    return reason
+  if tuple(v_BxKxSxH.shape) != tuple(k_BxKxSxH.shape):
+    return (f"v has shape {tuple(v_BxKxSxH.shape)}, k "
+            f"{tuple(k_BxKxSxH.shape)}; they must match.")
+  tiling = _resolve_tiling(num_slots, block_k, k_splits)
+  return tiling if isinstance(tiling, str) else None
+
+
+# ----------------------------------------------------------------------------
+# Kernel.
+# ----------------------------------------------------------------------------
+
+
+def _parts(layout: PackedLayout | None) -> int:
+  return 1 if layout is None else layout.parts
+
+
+def _n_refs(layout: PackedLayout | None) -> int:
+  if layout is None:
+    return 1
+  return 2 if layout.symmetric else 3
+
+
+def _expand_scale(ref, layout: PackedLayout, plane: int, *, start,
+                  block_k: int, split_start, plane_width: int):
+  """Scale (or zero) of plane `plane` for rows [start, start + block_k).
+
+  Returns a float32 array broadcastable to [block_k, plane_width].
+  """
+  if layout.scale_axis == -1:
+    if layout.n_groups == 1:
+      return ref[pl.ds(start, block_k), :].astype(jnp.float32)  # [bk, 1]
+    # Plane column i is element parts*i+plane, in group i // (g / parts).
+    cols_per_group = plane_width // layout.n_groups
+    col_group = jax.lax.broadcasted_iota(
+        jnp.int32, (1, plane_width), 1) // cols_per_group
+    out = jnp.zeros((block_k, plane_width), jnp.float32)
+    for r in range(layout.n_groups):
+      col = ref[pl.ds(start, block_k), pl.ds(r, 1)].astype(jnp.float32)
+      out = jnp.where(col_group == r, col, out)
+    return out
+  # Token-group scales [rows of this split, H]; channel h = parts*i + plane.
+  gt = layout.token_group
+  parts = layout.parts
+  cols = (pl.ds(plane, plane_width, stride=parts) if parts > 1
+          else slice(None))
+  rows_per_block = max(1, block_k // gt)
+  first_row = (split_start + start) // gt - split_start // gt
+  if rows_per_block == 1:
+    return ref[pl.ds(first_row, 1), cols].astype(jnp.float32)  # [1, width]
+  row_group = jax.lax.broadcasted_iota(jnp.int32, (block_k, 1), 0) // gt
+  out = jnp.zeros((block_k, plane_width), jnp.float32)
+  for r in range(rows_per_block):
+    row = ref[pl.ds(first_row + r, 1), cols].astype(jnp.float32)
+    out = jnp.where(row_group == r, row, out)
+  return out
+
+
+def _load_plane(refs, layout: PackedLayout | None, plane: int, *, start,
+                block_k: int, split_start, plane_width: int):
+  """Dequantized plane `plane` of rows [start, start + block_k): [bk, width]."""
+  raw = refs[0][pl.ds(start, block_k), :]
+  if layout is None:  # Dense cache.
+    return raw.astype(jnp.float32)
+  codes = raw.astype(jnp.int32)
+  if layout.parts > 1:
+    codes = (codes >> (layout.bits * plane)) & ((1 << layout.bits) - 1)
+  codes = codes.astype(jnp.float32)
+  expand = functools.partial(_expand_scale, layout=layout, plane=plane,
+                             start=start, block_k=block_k,
+                             split_start=split_start, plane_width=plane_width)
+  scale = expand(refs[1])
+  if layout.symmetric:
+    return (codes - float(layout.offset)) * scale
+  return codes * scale + expand(refs[2])
+
+
+def _decode_kernel(length_ref, q_ref, *refs, k_layout, v_layout,
+                   block_k: int, split_len: int, head_dim: int):
+  nk, nv = _n_refs(k_layout), _n_refs(v_layout)
+  k_refs, v_refs = refs[:nk], refs[nk:nk + nv]
+  o_ref, m_ref, l_ref = refs[nk + nv:]
+  k_parts, v_parts = _parts(k_layout), _parts(v_layout)
+  gp = q_ref.shape[1]
+
+  split_start = pl.program_id(2) * split_len
+  length = length_ref[()]
+  n_valid = jnp.clip(length - split_start, 0, split_len)
+  n_blocks = (n_valid + block_k - 1) // block_k
+  qs = [q_ref[j, :, :].astype(jnp.float32) for j in range(k_parts)]
+
+  def body(i, carry):
+    o_planes, m_prev, l_prev = carry
+    start = pl.multiple_of(i * block_k, block_k)
+    load = functools.partial(_load_plane, start=start, block_k=block_k,
+                             split_start=split_start)
+    scores = None
+    for j in range(k_parts):
+      k_j = load(k_refs, k_layout, j, plane_width=head_dim // k_parts)
+      s_j = jax.lax.dot_general(qs[j], k_j, (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+      scores = s_j if scores is None else scores + s_j  # [Gp, bk]
+    pos = split_start + start + jax.lax.broadcasted_iota(
+        jnp.int32, (1, block_k), 1)
+    valid = pos < length
+    scores = jnp.where(valid, scores, -jnp.inf)
+    # Every visited block holds >= 1 valid slot, so m_next is finite.
+    m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
+    correction = jnp.exp(m_prev - m_next)
+    p = jnp.where(valid, jnp.exp(scores - m_next), 0.0)
+    l_next = correction * l_prev + jnp.sum(p, axis=1, keepdims=True)
+    new_planes = []
+    for j in range(v_parts):
+      v_j = load(v_refs, v_layout, j, plane_width=head_dim // v_parts)
+      new_planes.append(correction * o_planes[j] + jnp.dot(
+          p, v_j, preferred_element_type=jnp.float32))
+    return tuple(new_planes), m_next, l_next
+
+  init = (tuple(jnp.zeros((gp, head_dim // v_parts), jnp.float32)
+                for _ in range(v_parts)),
+          jnp.full((gp, 1), -jnp.inf, jnp.float32),
+          jnp.zeros((gp, 1), jnp.float32))
+  o_planes, m_i, l_i = jax.lax.fori_loop(0, n_blocks, body, init)
+  for j in range(v_parts):
+    o_ref[j, :, :] = o_planes[j]
+  m_ref[...] = m_i
+  l_ref[...] = l_i
+
+
+def _cache_specs(x, layout: PackedLayout | None,
+                 split_len: int) -> tuple[list[Any], list[Any]]:
+  """(arrays, block specs) of one cache tensor for the (B, K, split) grid."""
+  if layout is None:
+    return [x], [pl.BlockSpec((None, None, split_len, x.shape[-1]),
+                              lambda b, h, s: (b, h, s, 0))]
+  arrays = [x.data, x.scale] + ([] if layout.symmetric else [x.zero])
+  specs = [pl.BlockSpec((None, None, split_len, x.data.shape[-1]),
+                        lambda b, h, s: (b, h, s, 0))]
+  if layout.scale_axis == -1:
+    scale_spec = pl.BlockSpec((None, None, split_len, layout.n_groups),
+                              lambda b, h, s: (b, h, s, 0))
+  else:
+    gt = layout.token_group
+    rows = max(1, split_len // gt)
+    if split_len >= gt:
+      index = lambda b, h, s: (b, h, s, 0)
+    else:  # Several splits share one token group (row).
+      index = lambda b, h, s: (b, h, (s * split_len) // gt, 0)
+    scale_spec = pl.BlockSpec((None, None, rows, x.scale.shape[-1]), index)
+  specs += [scale_spec] * (len(arrays) - 1)
+  return arrays, specs
+
+
+def _run(q_BxKxGxH, k, v, length_B, k_layout, v_layout, *, block_k: int,
+         k_splits: int, interpret: bool, return_lse: bool):
+  batch, num_kv, g, head_dim = q_BxKxGxH.shape
+  num_slots = (k.data if k_layout is not None else k).shape[2]
+  split_len = num_slots // k_splits
+  k_parts, v_parts = _parts(k_layout), _parts(v_layout)
+  gp = _padded_heads(g, interpret)
+
+  q = q_BxKxGxH.astype(jnp.float32) * (1.0 / math.sqrt(head_dim))
+  q = jnp.pad(q, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
+  # Planes: q_planes[..., j, :, i] = q[..., :, k_parts * i + j].
+  q_planes = jnp.moveaxis(
+      q.reshape(batch, num_kv, gp, head_dim // k_parts, k_parts), -1, 2)
+
+  k_arrays, k_specs = _cache_specs(k, k_layout, split_len)
+  v_arrays, v_specs = _cache_specs(v, v_layout, split_len)
+  kernel = functools.partial(
+      _decode_kernel, k_layout=k_layout, v_layout=v_layout, block_k=block_k,
+      split_len=split_len, head_dim=head_dim)
+  v_width = head_dim // v_parts
+  out_shape = [
+      jax.ShapeDtypeStruct((batch, num_kv, k_splits, v_parts, gp, v_width),
+                           jnp.float32),
+      jax.ShapeDtypeStruct((batch, num_kv, k_splits, gp, 1), jnp.float32),
+      jax.ShapeDtypeStruct((batch, num_kv, k_splits, gp, 1), jnp.float32),
+  ]
+  out_specs = [
+      pl.BlockSpec((None, None, None, v_parts, gp, v_width),
+                   lambda b, h, s: (b, h, s, 0, 0, 0)),
+      pl.BlockSpec((None, None, None, gp, 1), lambda b, h, s: (b, h, s, 0, 0)),
+      pl.BlockSpec((None, None, None, gp, 1), lambda b, h, s: (b, h, s, 0, 0)),
+  ]
+  in_specs = [
+      pl.BlockSpec((None,), lambda b, h, s: (b,)),
+      pl.BlockSpec((None, None, k_parts, gp, head_dim // k_parts),
+                   lambda b, h, s: (b, h, 0, 0, 0)),
+  ] + k_specs + v_specs
+  o, m, l = pl.pallas_call(
+      kernel,
+      grid=(batch, num_kv, k_splits),
+      in_specs=in_specs,
+      out_specs=out_specs,
+      out_shape=out_shape,
+      interpret=interpret,
+      name="kvq_decode_attention",
+  )(length_B.astype(jnp.int32), q_planes, *k_arrays, *v_arrays)
+
+  # Merge the splits by log-sum-exp (m = -inf for empty splits).
+  m_max = jnp.max(m, axis=2, keepdims=True)
+  m_safe = jnp.where(jnp.isfinite(m_max), m_max, 0.0)
+  correction = jnp.exp(m - m_safe)  # [B, K, ns, Gp, 1]; 0 for empty splits.
+  l_sum = jnp.sum(l * correction, axis=2)  # [B, K, Gp, 1]
+  o_sum = jnp.sum(o * correction[:, :, :, None], axis=2)  # [B, K, P, Gp, W]
+  denom = jnp.where(l_sum > 0, l_sum, 1.0)
+  out_planes = jnp.where(l_sum[:, :, None] > 0, o_sum / denom[:, :, None], 0.0)
+  out = jnp.moveaxis(out_planes, 2, -1).reshape(batch, num_kv, gp, head_dim)
+  out = out[:, :, :g]
+  if not return_lse:
+    return out
+  lse = jnp.where(l_sum > 0, m_safe[:, :, 0] + jnp.log(denom), -jnp.inf)
+  return out, lse[:, :, :g, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "k_splits",
+                                             "interpret", "return_lse"))
+def decode_attention(q_BxKxGxH: jax.Array, k, v, length_B: jax.Array, *,
+                     block_k: int = DEFAULT_BLOCK_K,
+                     k_splits: int | None = None, interpret: bool = False,
+                     return_lse: bool = False):
+  """Attention of one query token per sequence over a packed KV cache.
+
+  Args:
+    q_BxKxGxH: queries (post-RoPE), G query heads per KV head.
+    k: keys, a QuantizedArray over [B, K, S, H] (see `cache_layout`).
+    v: values, same [B, K, S]; its format and granularity may differ from k.
+    length_B: int [B]; slots >= length_b are masked.
+    block_k: slots per inner block (power of two; clipped to S).
+    k_splits: sequence splits (grid axis), merged by log-sum-exp; None picks
+      the largest count <= 16 dividing S / block_k.
+    interpret: run the Pallas interpreter (required on CPU).
+    return_lse: also return the natural-log log-sum-exp [B, K, G] of the
+      scaled scores (-inf for length-0 sequences).
+
+  Returns:
+    out [B, K, G, H] float32 (zeros where length_b == 0), and lse if asked.
+
+  Raises:
+    ValueError: unsupported format/granularity or shapes that do not tile
+      (see `decode_attention_supported`).
+  """
+  reason = decode_attention_supported(q_BxKxGxH, k, v, length_B,
+                                      block_k=block_k, k_splits=k_splits)
+  if reason:
+    raise ValueError(f"decode_attention: {reason}")
+  head_dim = q_BxKxGxH.shape[-1]
+  num_slots = k.data.shape[2]
+  k_layout = describe_packed(k, head_dim, "k", num_slots)
+  v_layout = describe_packed(v, head_dim, "v", num_slots)
+  bk, ns = _resolve_tiling(num_slots, block_k, k_splits)
+  return _run(q_BxKxGxH, k, v, length_B, k_layout, v_layout, block_k=bk,
+              k_splits=ns, interpret=interpret, return_lse=return_lse)
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "k_splits",
+                                             "interpret", "return_lse"))
+def decode_attention_dense(q_BxKxGxH: jax.Array, k_BxKxSxH: jax.Array,
+                           v_BxKxSxH: jax.Array, length_B: jax.Array, *,
+                           block_k: int = DEFAULT_BLOCK_K,
+                           k_splits: int | None = None,
+                           interpret: bool = False, return_lse: bool = False):
+  """`decode_attention` over a plain (bf16/f32) heads-major cache."""
+  reason = decode_attention_dense_supported(
+      q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, length_B, block_k=block_k,
+      k_splits=k_splits)
+  if reason:
+    raise ValueError(f"decode_attention_dense: {reason}")
+  bk, ns = _resolve_tiling(k_BxKxSxH.shape[2], block_k, k_splits)
+  return _run(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, length_B, None, None,
+              block_k=bk, k_splits=ns, interpret=interpret,
+              return_lse=return_lse)

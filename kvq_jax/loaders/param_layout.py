@@ -1,0 +1,94 @@
+"""The parameter tree shared by every loader and the decoder.
+
+```
+{'embed': [V, D], 'lm_head': [D, V] (only if not tie_embeddings),
+ 'final_norm': [D],
+ 'layers': [{'attn_norm': [D],
+             'q': {'kernel': [D, N*H], 'bias': [N*H] (if attention_bias)},
+             'k': {'kernel': [D, K*H], 'bias': [K*H]},
+             'v': {'kernel': [D, K*H], 'bias': [K*H]},
+             'o': {'kernel': [N*H, D]},
+             'mlp_norm': [D],
+             'gate': {'kernel': [D, F]}, 'up': {'kernel': [D, F]},
+             'down': {'kernel': [F, D]}}, ...]}
+```
+Kernels are [in, out] (y = x @ kernel); leaves are numpy float32.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from kvq_jax.models.config import ModelConfig
+
+Params = dict[str, Any]
+
+
+def expected_shapes(config: ModelConfig) -> Params:
+  """The tree of leaf shapes `config` implies (same structure as params)."""
+  d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
+  q_out = config.num_heads * config.head_dim
+  kv_out = config.num_kv_heads * config.head_dim
+
+  def linear(d_in: int, d_out: int, bias: bool = False) -> dict[str, tuple]:
+    out = {"kernel": (d_in, d_out)}
+    if bias:
+      out["bias"] = (d_out,)
+    return out
+
+  bias = config.attention_bias
+  layer = {
+      "attn_norm": (d,),
+      "q": linear(d, q_out, bias),
+      "k": linear(d, kv_out, bias),
+      "v": linear(d, kv_out, bias),
+      "o": linear(q_out, d),
+      "mlp_norm": (d,),
+      "gate": linear(d, f),
+      "up": linear(d, f),
+      "down": linear(f, d),
+  }
+  shapes: Params = {"embed": (v, d), "final_norm": (d,),
+                    "layers": [copy.deepcopy(layer)
+                               for _ in range(config.num_layers)]}
+  if not config.tie_embeddings:
+    shapes["lm_head"] = (d, v)
+  return shapes
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+  if isinstance(tree, dict):
+    out = {}
+    for key, value in tree.items():
+      out.update(_flatten(value, f"{prefix}{key}/"))
+    return out
+  if isinstance(tree, list):
+    out = {}
+    for i, value in enumerate(tree):
+      out.update(_flatten(value, f"{prefix}{i}/"))
+    return out
+  return {prefix.rstrip("/"): tree}
+
+
+def check_params(params: Params, config: ModelConfig, source: str) -> None:
+  """Raises ValueError naming `source` and the leaf if params break the layout."""
+  want = _flatten(expected_shapes(config))
+  got = _flatten(params)
+  missing = sorted(set(want) - set(got))
+  extra = sorted(set(got) - set(want))
+  if missing or extra:
+    raise ValueError(
+        f"{source}: parameter tree does not match the config; missing "
+        f"{missing[:5]}, unexpected {extra[:5]}.")
+  for name, shape in want.items():
+    leaf = got[name]
+    if not isinstance(leaf, np.ndarray) or leaf.dtype != np.float32:
+      raise ValueError(f"{source}: param {name!r} must be a numpy float32 "
+                       f"array, got {type(leaf).__name__} "
+                       f"{getattr(leaf, 'dtype', None)}.")
+    if tuple(leaf.shape) != tuple(shape):
+      raise ValueError(f"{source}: param {name!r} has shape "
+                       f"{tuple(leaf.shape)}, expected {tuple(shape)}.")

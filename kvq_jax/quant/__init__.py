@@ -1,0 +1,20 @@
+"""Functional quantization ops: specs, packing, quantize/dequantize, accounting."""
+
+from kvq_jax.quant.accounting import bits_per_element
+from kvq_jax.quant.accounting import nbytes
+from kvq_jax.quant.packing import pack
+from kvq_jax.quant.packing import unpack
+from kvq_jax.quant.quantize import dequantize
+from kvq_jax.quant.quantize import quantize
+from kvq_jax.quant.quantized_array import QuantizedArray
+from kvq_jax.quant.spec import FORMATS
+from kvq_jax.quant.spec import GRANULARITIES
+from kvq_jax.quant.spec import QuantSpec
+from kvq_jax.quant.spec import SCALE_DTYPES
+from kvq_jax.quant.spec import SCHEMES
+
+__all__ = [
+    "FORMATS", "GRANULARITIES", "QuantSpec", "QuantizedArray", "SCALE_DTYPES",
+    "SCHEMES", "bits_per_element", "dequantize", "nbytes", "pack",
+    "quantize", "unpack",
+]

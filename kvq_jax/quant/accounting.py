@@ -1,0 +1,48 @@
+"""Storage cost of quantized tensors: bits per element and real bytes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kvq_jax.quant.quantized_array import QuantizedArray
+from kvq_jax.quant.spec import QuantSpec
+
+
+def bits_per_element(spec: QuantSpec, axis_len: int | None = None) -> float:
+  """Stored bits per logical element: code bits + metadata bits per group.
+
+  Metadata is the scale (and, asymmetric, the zero point) in
+  `spec.scale_dtype`, amortised over the elements of one group.
+
+  Args:
+    spec: the quantization spec.
+    axis_len: length of the group axis (e.g. head_dim for per_token, the token
+      count for per_channel with group_size None). Required for per_token and
+      for per_channel without group_size. For per_tensor, the total element
+      count to amortise the single scale over (None: metadata counted as 0).
+  """
+  if axis_len is not None and (
+      isinstance(axis_len, bool) or not isinstance(axis_len, int)
+      or axis_len < 1):
+    raise ValueError(
+        f"bits_per_element: axis_len={axis_len!r} is invalid; allowed: None "
+        "or a positive int.")
+  meta_bits = jnp.dtype(spec.scale_dtype).itemsize * 8
+  if spec.scheme == "asymmetric":
+    meta_bits *= 2
+  needs_len = spec.granularity == "per_token" or (
+      spec.granularity == "per_channel" and spec.group_size is None)
+  if needs_len and axis_len is None:
+    raise ValueError(
+        f"bits_per_element: axis_len=None but granularity="
+        f"{spec.granularity!r} (group_size={spec.group_size}) has one group "
+        "per whole axis; allowed: pass axis_len, the group axis length.")
+  if spec.granularity == "per_tensor" and axis_len is None:
+    return float(spec.bits)
+  return spec.bits + meta_bits / spec.elements_per_group(axis_len)
+
+
+def nbytes(qa: QuantizedArray) -> int:
+  """Bytes actually held by `qa`'s arrays (data, scale and zero if any)."""
+  return int(sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(qa)))
