@@ -16,8 +16,10 @@ import jax.numpy as jnp
 from kvq_jax.experiment.timing import machine_description, time_fn
 from kvq_jax.quant import QuantSpec, dequantize, quantize
 
-_TOKENS = flags.DEFINE_integer("tokens", 32768, "Tokens T of the [1, T, 3, 64] tensor.")
-_REPEATS = flags.DEFINE_integer("repeats", 10, "Timed calls per row (median).")
+_TOKENS = flags.DEFINE_integer(
+    "tokens", 32768, "Tokens T of the [1, T, 3, 64] tensor.")
+_REPEATS = flags.DEFINE_integer(
+    "repeats", 10, "Timed calls per row (median).")
 
 FORMATS = {
     "int8 per_token sym": QuantSpec("int8", "symmetric", "per_token"),

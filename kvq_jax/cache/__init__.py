@@ -1,4 +1,4 @@
-"""KV caches: the per-layer contract (base), dense baseline, shared attention."""
+"""KV caches: per-layer contract (base), dense baseline, shared attention."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Decode-attention kernels over the (packed) KV cache, and their dispatch."""

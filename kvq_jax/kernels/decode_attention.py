@@ -58,6 +58,19 @@ def _padded_heads(g: int, interpret: bool) -> int:
   return gp
 
 
+def _compiler_params(interpret: bool):
+  """Triton for GPU (jax defaults Pallas-on-GPU to Mosaic GPU, which needs
+  warpgroup-sized copies this kernel does not make); Mosaic defaults on TPU.
+
+  On a CPU host (interpret mode or cross-lowering) Triton is picked, so
+  `.lower(lowering_platforms=("cuda",))` works from a CPU-only machine.
+  """
+  if interpret or jax.default_backend() == "tpu":
+    return None
+  from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
+  return pltriton.CompilerParams(num_warps=4, num_stages=2)
+
+
 def _resolve_tiling(num_slots: int, block_k: int,
                     k_splits: int | None) -> tuple[int, int] | str:
   """Returns (block_k, k_splits) actually used, or why S does not tile."""
@@ -352,6 +365,7 @@ def _run(q_BxKxGxH, k, v, length_B, k_layout, v_layout, *, block_k: int,
       out_specs=out_specs,
       out_shape=out_shape,
       interpret=interpret,
+      compiler_params=_compiler_params(interpret),
       name="kvq_decode_attention",
   )(length_B.astype(jnp.int32), q_planes, *k_arrays, *v_arrays)
 

@@ -3,10 +3,12 @@
 Layout (numpy float32, kernels [in, out], Q/K in HF rotate_half convention):
 
   {'embed': [V, D], 'lm_head': [D, V] (untied only), 'final_norm': [D],
-   'layers': [{'attn_norm': [D], 'q': {'kernel': [D, N*H], 'bias': [N*H]?},
-               'k': {...[D, K*H]}, 'v': {...[D, K*H]}, 'o': {'kernel': [N*H, D]},
-               'mlp_norm': [D], 'gate': {'kernel': [D, F]},
-               'up': {'kernel': [D, F]}, 'down': {'kernel': [F, D]}}, ...]}
+   'layers': [{'attn_norm': [D],
+               'q': {'kernel': [D, N*H], 'bias': [N*H] (attention_bias)},
+               'k': {...[D, K*H]}, 'v': {...[D, K*H]},
+               'o': {'kernel': [N*H, D]}, 'mlp_norm': [D],
+               'gate': {'kernel': [D, F]}, 'up': {'kernel': [D, F]},
+               'down': {'kernel': [F, D]}}, ...]}
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ Params = dict[str, Any]
 def param_shapes(config: ModelConfig) -> Params:
   """The expected layout with shape tuples in place of arrays."""
   d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
-  nh, kh = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+  nh = config.num_heads * config.head_dim
+  kh = config.num_kv_heads * config.head_dim
 
   def proj(i, o, bias):
     return {"kernel": (i, o), **({"bias": (o,)} if bias else {})}

@@ -1,4 +1,4 @@
-"""Functional quantization ops: specs, packing, quantize/dequantize, accounting."""
+"""Functional quantization ops: spec, packing, quantize, accounting."""
 
 from kvq_jax.quant.accounting import bits_per_element
 from kvq_jax.quant.accounting import nbytes

@@ -19,6 +19,8 @@ not here: this module only moves bits.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
@@ -36,6 +38,7 @@ def _block(bits: int) -> int:
   return 8 // bits if 8 % bits == 0 else 8
 
 
+@partial(jax.jit, static_argnums=1)
 def pack(codes_u8: jax.Array, bits: int) -> jax.Array:
   """Packs codes [..., n] (uint8, each < 2^bits) into bytes [..., n*bits/8].
 
@@ -65,6 +68,7 @@ def pack(codes_u8: jax.Array, bits: int) -> jax.Array:
   return jnp.sum(c << shifts, axis=-1, dtype=jnp.uint8)  # Disjoint bits.
 
 
+@partial(jax.jit, static_argnums=1)
 def unpack(packed_u8: jax.Array, bits: int) -> jax.Array:
   """Inverse of `pack`: bytes [..., m] -> codes [..., m*8/bits] (uint8)."""
   _check_bits(bits)

@@ -10,7 +10,7 @@ from kvq_jax.models.params import (decoder_from_params, param_shapes,
                                    params_dict, random_params)
 from kvq_jax.models.runtime import Runtime
 
-from tests.models.conftest import TINY
+from tests.models.tiny import TINY
 
 
 def reference_logits(config, params, tokens):

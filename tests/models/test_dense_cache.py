@@ -1,4 +1,4 @@
-"""DenseLayerCache: slot writes, post-RoPE storage, lengths, dtypes, capacity."""
+"""DenseLayerCache: slot writes, post-RoPE keys, lengths, dtypes, capacity."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kvq_jax.cache import check_capacity, init_dense_cache
 from kvq_jax.cache.dense import DenseLayerCache
 from kvq_jax.models.rope import Rope
 
-from tests.models.conftest import TINY
+from tests.models.tiny import TINY
 
 ROPE = Rope(theta=10000.0, rotary_dim=8)
 

@@ -12,9 +12,12 @@ from kvq_jax.models.rope import Rope
 def test_rope_hand_computed_4dim_head():
   # head_dim 4, theta 1e4: inverse frequencies [1, 1e4^(-2/4)] = [1, 0.01].
   # Pairs rotated together: (x0, x2) at angle p, (x1, x3) at angle 0.01 p.
-  # cos(1)=0.5403023059 sin(1)=0.8414709848 cos(.01)=0.9999500004 sin(.01)=0.0099998333
-  # cos(2)=-0.4161468365 sin(2)=0.9092974268 cos(.02)=0.9998000067 sin(.02)=0.0199986667
-  # out0 = x0 c - x2 s, out2 = x2 c + x0 s (angle p); out1/out3 likewise at 0.01 p.
+  # cos(1)=0.5403023059  sin(1)=0.8414709848
+  # cos(.01)=0.9999500004 sin(.01)=0.0099998333
+  # cos(2)=-0.4161468365 sin(2)=0.9092974268
+  # cos(.02)=0.9998000067 sin(.02)=0.0199986667
+  # out0 = x0 c - x2 s, out2 = x2 c + x0 s (angle p); out1, out3 likewise
+  # at angle 0.01 p. E.g. p=1: out0 = 0.5403023 - 3 * 0.8414710 = -1.9841106.
   expected = np.array([
       [1.0, 2.0, 3.0, 4.0],                              # p = 0: identity
       [-1.9841106, 1.9599007, 2.4623779, 4.0197997],     # p = 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -30,7 +32,7 @@ def _leaves(qa):
 @pytest.mark.parametrize("fill", [0.0, 3.0, -2.5, 1e-40, -1e-40, 1e30, -1e30])
 @pytest.mark.parametrize("scale_dtype", ["bfloat16", "float16"])
 def test_degenerate_groups_are_finite(spec, fill, scale_dtype):
-  spec = QuantSpec(**{**spec.__dict__, "scale_dtype": scale_dtype})
+  spec = dataclasses.replace(spec, scale_dtype=scale_dtype)
   x = _x()
   x[0, 1, :8] = fill  # A constant group.
   x[1, 2, 3] = fill  # One odd value inside a normal group.

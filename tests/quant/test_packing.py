@@ -87,7 +87,7 @@ def test_odd_leading_shape_matches_reference(bits):
   np.testing.assert_array_equal(unpack(jnp.asarray(packed), bits), codes)
 
 
-@hypothesis.settings(max_examples=30, deadline=None)
+@hypothesis.settings(max_examples=25, deadline=None)
 @hypothesis.given(
     bits=st.sampled_from([8, 4, 3, 2]),
     lead=st.lists(st.integers(1, 4), min_size=0, max_size=3),

@@ -1,0 +1,53 @@
+"""Shared defaults every preset starts from (not a preset itself).
+
+Fields (override any with --config.FIELD=VALUE):
+  model            named model or path (the --model flag wins over it)
+  dtype            compute and parameter dtype (float32 | bfloat16 | float16)
+  quantize         False: evaluate the baseline only
+  eval.*           num_windows (0 = all), window_len, scoring (all |
+                   second_half, llama.cpp's rule), batch_size (windows/step)
+  cache.k, cache.v type (none | int | fp8_e4m3 | fp8_e5m2), bits (int: 8, 4,
+                   3, 2), scheme (symmetric | asymmetric), granularity
+                   (per_token | per_group | per_channel), group_size (0 =
+                   none), clip_ratio, scale_dtype
+  cache.dtype      full-precision cache dtype ('' = dtype); bf16/fp16 presets
+  cache.residual, cache.flush_block (0 = auto), cache.sink, cache.key_rope
+                   (post | pre), cache.hadamard_k, cache.hadamard_v,
+                   cache.block_size, cache.layer_overrides ('0,29:fp/fp;...')
+  attention.impl   xla | pallas (decode attention over the packed cache)
+  memory.*         budget_gib and weight_dtype for the context-that-fits
+                   and speed-up estimates
+  decode_bench.*   batch_size, context, steps of the decode-speed measurement
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def kv(type: str = "none", bits: int = 4, scheme: str = "symmetric",  # pylint: disable=redefined-builtin
+       granularity: str = "per_group", group_size: int = 32,
+       clip_ratio: float = 1.0,
+       scale_dtype: str = "bfloat16") -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      type=type, bits=bits, scheme=scheme, granularity=granularity,
+      group_size=group_size, clip_ratio=clip_ratio, scale_dtype=scale_dtype))
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.model = "smollm2-135m"
+  c.dtype = "float32"
+  c.quantize = True
+  c.eval = ml_collections.ConfigDict(dict(
+      num_windows=8, window_len=512, scoring="second_half", batch_size=2))
+  c.cache = ml_collections.ConfigDict(dict(
+      k=kv(), v=kv(), dtype="", residual=0, flush_block=0, sink=0,
+      key_rope="post", hadamard_k=False, hadamard_v=False, block_size=256,
+      layer_overrides=""))
+  c.attention = ml_collections.ConfigDict(dict(impl="xla"))
+  c.memory = ml_collections.ConfigDict(dict(
+      budget_gib=1.0, weight_dtype="bfloat16"))
+  c.decode_bench = ml_collections.ConfigDict(dict(
+      batch_size=8, context=1024, steps=8))
+  return c

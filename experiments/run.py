@@ -1,0 +1,32 @@
+r"""Evaluate a KV-cache preset against the full-precision baseline.
+
+  python -m experiments.run --config=int4_g32 [--workdir=DIR]
+      [--eval_data=FILE] [--model=NAME_OR_PATH] [--config.eval.num_windows=40]
+"""
+
+from absl import app
+from absl import flags
+
+from kvq_jax.experiment import runner
+from kvq_jax.experiment.config_flag import DEFINE_preset_config
+
+_CONFIG = DEFINE_preset_config("config", default="int4_g32")
+_WORKDIR = flags.DEFINE_string("workdir", None,
+                               "output directory (default runs/<preset>)")
+_EVAL_DATA = flags.DEFINE_string(
+    "eval_data", None, "UTF-8 text file; default: stdlib sources (WORKSPACE.md)")
+_MODEL = flags.DEFINE_string("model", None,
+                             "model name or path; default: config.model")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  name = flags.FLAGS["config"].serialize().split("=", 1)[-1]
+  name = name.rsplit("/", 1)[-1].removesuffix(".py")
+  runner.run(_CONFIG.value, _WORKDIR.value or f"runs/{name}",
+             eval_data=_EVAL_DATA.value, model=_MODEL.value, name=name)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,73 @@
+"""`experiments.run`'s one library call: baseline vs quantized cache."""
+
+from __future__ import annotations
+
+import platform
+
+import jax.numpy as jnp
+import ml_collections
+from absl import logging
+
+from kvq_jax.eval.corpus import load_eval_text
+from kvq_jax.eval.evaluate import evaluate_windows
+from kvq_jax.eval.windows import make_windows, scored_mask
+from kvq_jax.experiment import memory, report
+from kvq_jax.experiment.decode_speed import decode_tokens_per_s
+from kvq_jax.experiment.progress import ProgressBar
+from kvq_jax.experiment.settings import settings_from_config
+from kvq_jax.experiment.timing import machine_description
+from kvq_jax.facade import load_model, window_forward
+
+
+def run(config: ml_collections.ConfigDict, workdir: str,
+        eval_data: str | None = None, model: str | None = None,
+        name: str = "run") -> dict:
+  """Evaluates `config` and writes workdir/{config,metrics}.json, summary.md.
+
+  Returns the metrics dict (also printed as a table).
+  """
+  settings = settings_from_config(config)
+  model_name = model or settings.model
+  lm = load_model(model_name, settings.dtype)
+  if lm.tokenizer is None:
+    raise ValueError(f"model {model_name!r} has no tokenizer; the runner "
+                     "needs one to tokenize the evaluation text.")
+  text, data_description = load_eval_text(eval_data)
+  ids = lm.tokenizer.encode(text)
+  windows = make_windows(ids, settings.eval.window_len,
+                         settings.eval.num_windows)
+  mask = scored_mask(settings.eval.window_len, settings.eval.scoring)
+  logging.info("%d tokens; evaluating %d windows of %d", len(ids),
+               windows.shape[0], windows.shape[1])
+  baseline_fn = window_forward(lm)
+  quant_fn = (window_forward(lm, settings.cache_spec, settings.cache_dtype)
+              if settings.quantize else None)
+  result = evaluate_windows(windows, mask, baseline_fn, quant_fn,
+                            batch_size=settings.eval.batch_size,
+                            progress=ProgressBar("eval"))
+  metrics = {"preset": name, "model": model_name,
+             "eval_data": data_description, "scoring": settings.eval.scoring}
+  metrics.update(result.metrics())
+  baseline_dtype = jnp.dtype(settings.dtype)
+  quant_dtype = jnp.dtype(settings.cache_dtype)
+  quant_spec = settings.cache_spec if settings.quantize else None
+  metrics.update(memory.memory_report(
+      lm.config, quant_spec, quant_dtype if settings.quantize else baseline_dtype,
+      baseline_dtype, settings.memory.budget_gib,
+      settings.memory.weight_bytes_per_param))
+  db = settings.decode_bench
+  metrics["decode_batch_size"], metrics["decode_context"] = (db.batch_size,
+                                                             db.context)
+  metrics["decode_tokens_per_s_baseline"] = decode_tokens_per_s(
+      lm, None, baseline_dtype, db.batch_size, db.context, db.steps)
+  if settings.quantize:
+    metrics["decode_tokens_per_s_quant"] = decode_tokens_per_s(
+        lm, quant_spec, quant_dtype, db.batch_size, db.context, db.steps)
+  machine = machine_description()
+  metrics["machine"] = machine
+  metrics["python"] = platform.python_version()
+  summary = report.summary_markdown(name, metrics, machine)
+  report.write_run(workdir, config.to_json_best_effort(indent=2), metrics,
+                   summary)
+  print(summary)
+  return metrics
