@@ -58,28 +58,48 @@ def evaluate_windows(windows_WxT: np.ndarray, mask_T: np.ndarray,
                      progress: Callable[[int, int], None] | None = None
                      ) -> EvalResult:
   """Scores every window; `mask_T` [T-1] selects the counted predictions."""
+  results = evaluate_many(windows_WxT, mask_T, baseline,
+                          {} if quant is None else {"quant": quant},
+                          batch_size=batch_size, progress=progress)
+  return results["quant"] if quant is not None else results[None]
+
+
+def evaluate_many(windows_WxT: np.ndarray, mask_T: np.ndarray,
+                  baseline: Forward, quants: dict[str, Forward], *,
+                  batch_size: int = 1,
+                  progress: Callable[[int, int], None] | None = None
+                  ) -> dict[str | None, EvalResult]:
+  """One baseline pass per batch shared by every quantized forward.
+
+  Returns {name: EvalResult} per entry of `quants`, and {None: baseline-only
+  EvalResult} when `quants` is empty.
+  """
   num_windows, window_len = windows_WxT.shape
   if batch_size < 1:
     raise ValueError(f"eval.batch_size={batch_size}: must be >= 1.")
-  collected: dict[str, list[np.ndarray]] = {}
+  collected: dict[str | None, dict[str, list[np.ndarray]]] = {}
   for start in range(0, num_windows, batch_size):
     batch = windows_WxT[start:start + batch_size]
     tokens = jnp.asarray(batch)
     base_logits = baseline(batch)
-    if quant is None:
-      per_token = {"nll_base": _nll(base_logits, tokens)}
-    else:
-      per_token = _compare(base_logits, quant(batch), tokens)
-    for name, value in per_token.items():
-      collected.setdefault(name, []).append(np.asarray(value)[:, mask_T])
+    per_run = {None: {"nll_base": _nll(base_logits, tokens)}} if not quants \
+        else {name: _compare(base_logits, fn(batch), tokens)
+              for name, fn in quants.items()}
+    for name, per_token in per_run.items():
+      for key, value in per_token.items():
+        collected.setdefault(name, {}).setdefault(key, []).append(
+            np.asarray(value)[:, mask_T])
     if progress is not None:
       progress(min(start + batch_size, num_windows), num_windows)
-  flat = {k: np.concatenate(v).ravel() for k, v in collected.items()}
-  has_quant = quant is not None
-  return EvalResult(
-      baseline=perplexity_from_nll(flat["nll_base"]),
-      quant=perplexity_from_nll(flat["nll_quant"]) if has_quant else None,
-      kl_mean=float(flat["kl"].mean()) if has_quant else None,
-      top1_agreement=float(flat["top1"].mean()) if has_quant else None,
-      num_windows=num_windows, window_len=window_len,
-      num_scored_tokens=int(flat["nll_base"].size))
+  results = {}
+  for name, lists in collected.items():
+    flat = {k: np.concatenate(v).ravel() for k, v in lists.items()}
+    has_quant = name is not None
+    results[name] = EvalResult(
+        baseline=perplexity_from_nll(flat["nll_base"]),
+        quant=perplexity_from_nll(flat["nll_quant"]) if has_quant else None,
+        kl_mean=float(flat["kl"].mean()) if has_quant else None,
+        top1_agreement=float(flat["top1"].mean()) if has_quant else None,
+        num_windows=num_windows, window_len=window_len,
+        num_scored_tokens=int(flat["nll_base"].size))
+  return results

@@ -15,8 +15,10 @@ the query is split into the key's planes outside the kernel, the scores are
 the sum of the per-plane dot products, and the output is produced per value
 plane and interleaved back outside.
 
-Masking: slots >= length_b are excluded; a length-0 sequence returns zeros and
-lse = -inf, without NaN.
+Masking: sequence b sees the slots [start_b, length_b) (start_b = 0 unless
+given; the quantized cache passes its sink count, whose slots live in a
+separate full-precision buffer). Blocks wholly before start_b are skipped.
+An empty range returns zeros and lse = -inf, without NaN.
 """
 
 from __future__ import annotations
@@ -106,8 +108,8 @@ def _check_token_groups(layout: PackedLayout, name: str, block_k: int,
   return None
 
 
-def _check_common(q, length, num_kv: int, batch: int,
-                  head_dim: int) -> str | None:
+def _check_common(q, length, num_kv: int, batch: int, head_dim: int,
+                  start=None) -> str | None:
   if q.ndim != 4:
     return (f"q has shape {tuple(q.shape)}; expected [B, K, G, H] (one query "
             "token per sequence, query heads grouped by KV head).")
@@ -117,10 +119,14 @@ def _check_common(q, length, num_kv: int, batch: int,
   if tuple(jnp.shape(length)) != (batch,):
     return (f"length_B has shape {tuple(jnp.shape(length))}; expected "
             f"[B={batch}].")
+  if start is not None and tuple(jnp.shape(start)) != (batch,):
+    return (f"start_B has shape {tuple(jnp.shape(start))}; expected "
+            f"[B={batch}].")
   return None
 
 
 def decode_attention_supported(q_BxKxGxH, k, v, length_B, *,
+                               start_B=None,
                                block_k: int = DEFAULT_BLOCK_K,
                                k_splits: int | None = None) -> str | None:
   """Why `decode_attention` cannot run on these inputs, or None if it can."""
@@ -132,7 +138,8 @@ def decode_attention_supported(q_BxKxGxH, k, v, length_B, *,
     return (f"k.data has shape {tuple(k.data.shape)}; expected the "
             "heads-major cache [B, K, S, H*bits/8].")
   batch, num_kv, num_slots = k.data.shape[:3]
-  reason = _check_common(q_BxKxGxH, length_B, num_kv, batch, head_dim)
+  reason = _check_common(q_BxKxGxH, length_B, num_kv, batch, head_dim,
+                         start_B)
   if reason:
     return reason
   layouts = [describe_packed(x, head_dim, n, num_slots)
@@ -155,7 +162,7 @@ def decode_attention_supported(q_BxKxGxH, k, v, length_B, *,
 
 
 def decode_attention_dense_supported(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH,
-                                     length_B, *,
+                                     length_B, *, start_B=None,
                                      block_k: int = DEFAULT_BLOCK_K,
                                      k_splits: int | None = None) -> str | None:
   """Why `decode_attention_dense` cannot run on these inputs, or None."""
@@ -166,7 +173,8 @@ def decode_attention_dense_supported(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH,
     return (f"k has shape {tuple(k_BxKxSxH.shape)}; expected the heads-major "
             "cache [B, K, S, H].")
   batch, num_kv, num_slots, head_dim = k_BxKxSxH.shape
-  reason = _check_common(q_BxKxGxH, length_B, num_kv, batch, head_dim)
+  reason = _check_common(q_BxKxGxH, length_B, num_kv, batch, head_dim,
+                         start_B)
   if reason:
     return reason
   if tuple(v_BxKxSxH.shape) != tuple(k_BxKxSxH.shape):
@@ -245,7 +253,7 @@ def _load_plane(refs, layout: PackedLayout | None, plane: int, *, start,
   return codes * scale + expand(refs[2])
 
 
-def _decode_kernel(length_ref, q_ref, *refs, k_layout, v_layout,
+def _decode_kernel(start_ref, length_ref, q_ref, *refs, k_layout, v_layout,
                    block_k: int, split_len: int, head_dim: int):
   nk, nv = _n_refs(k_layout), _n_refs(v_layout)
   k_refs, v_refs = refs[:nk], refs[nk:nk + nv]
@@ -254,9 +262,12 @@ def _decode_kernel(length_ref, q_ref, *refs, k_layout, v_layout,
   gp = q_ref.shape[1]
 
   split_start = pl.program_id(2) * split_len
-  length = length_ref[()]
-  n_valid = jnp.clip(length - split_start, 0, split_len)
-  n_blocks = (n_valid + block_k - 1) // block_k
+  begin, length = start_ref[()], length_ref[()]
+  # Valid slots of this split, relative to it: [lo, hi).
+  lo = jnp.clip(begin - split_start, 0, split_len)
+  hi = jnp.clip(length - split_start, 0, split_len)
+  first_block = lo // block_k
+  end_block = jnp.where(hi > lo, (hi + block_k - 1) // block_k, first_block)
   qs = [q_ref[j, :, :].astype(jnp.float32) for j in range(k_parts)]
 
   def body(i, carry):
@@ -272,7 +283,7 @@ def _decode_kernel(length_ref, q_ref, *refs, k_layout, v_layout,
       scores = s_j if scores is None else scores + s_j  # [Gp, bk]
     pos = split_start + start + jax.lax.broadcasted_iota(
         jnp.int32, (1, block_k), 1)
-    valid = pos < length
+    valid = (pos >= begin) & (pos < length)
     scores = jnp.where(valid, scores, -jnp.inf)
     # Every visited block holds >= 1 valid slot, so m_next is finite.
     m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
@@ -290,7 +301,7 @@ def _decode_kernel(length_ref, q_ref, *refs, k_layout, v_layout,
                 for _ in range(v_parts)),
           jnp.full((gp, 1), -jnp.inf, jnp.float32),
           jnp.zeros((gp, 1), jnp.float32))
-  o_planes, m_i, l_i = jax.lax.fori_loop(0, n_blocks, body, init)
+  o_planes, m_i, l_i = jax.lax.fori_loop(first_block, end_block, body, init)
   for j in range(v_parts):
     o_ref[j, :, :] = o_planes[j]
   m_ref[...] = m_i
@@ -321,7 +332,8 @@ def _cache_specs(x, layout: PackedLayout | None,
   return arrays, specs
 
 
-def _run(q_BxKxGxH, k, v, length_B, k_layout, v_layout, *, block_k: int,
+def _run(q_BxKxGxH, k, v, length_B, start_B, k_layout, v_layout, *,
+         block_k: int,
          k_splits: int, interpret: bool, return_lse: bool):
   batch, num_kv, g, head_dim = q_BxKxGxH.shape
   num_slots = (k.data if k_layout is not None else k).shape[2]
@@ -355,6 +367,7 @@ def _run(q_BxKxGxH, k, v, length_B, k_layout, v_layout, *, block_k: int,
   ]
   in_specs = [
       pl.BlockSpec((None,), lambda b, h, s: (b,)),
+      pl.BlockSpec((None,), lambda b, h, s: (b,)),
       pl.BlockSpec((None, None, k_parts, gp, head_dim // k_parts),
                    lambda b, h, s: (b, h, 0, 0, 0)),
   ] + k_specs + v_specs
@@ -367,7 +380,8 @@ def _run(q_BxKxGxH, k, v, length_B, k_layout, v_layout, *, block_k: int,
       interpret=interpret,
       compiler_params=_compiler_params(interpret),
       name="kvq_decode_attention",
-  )(length_B.astype(jnp.int32), q_planes, *k_arrays, *v_arrays)
+  )(start_B.astype(jnp.int32), length_B.astype(jnp.int32), q_planes,
+    *k_arrays, *v_arrays)
 
   # Merge the splits by log-sum-exp (m = -inf for empty splits).
   m_max = jnp.max(m, axis=2, keepdims=True)
@@ -388,6 +402,7 @@ def _run(q_BxKxGxH, k, v, length_B, k_layout, v_layout, *, block_k: int,
 @functools.partial(jax.jit, static_argnames=("block_k", "k_splits",
                                              "interpret", "return_lse"))
 def decode_attention(q_BxKxGxH: jax.Array, k, v, length_B: jax.Array, *,
+                     start_B: jax.Array | None = None,
                      block_k: int = DEFAULT_BLOCK_K,
                      k_splits: int | None = None, interpret: bool = False,
                      return_lse: bool = False):
@@ -398,22 +413,25 @@ def decode_attention(q_BxKxGxH: jax.Array, k, v, length_B: jax.Array, *,
     k: keys, a QuantizedArray over [B, K, S, H] (see `cache_layout`).
     v: values, same [B, K, S]; its format and granularity may differ from k.
     length_B: int [B]; slots >= length_b are masked.
+    start_B: int [B] or None (zeros); slots < start_b are masked.
     block_k: slots per inner block (power of two; clipped to S).
     k_splits: sequence splits (grid axis), merged by log-sum-exp; None picks
       the largest count <= 16 dividing S / block_k.
     interpret: run the Pallas interpreter (required on CPU).
     return_lse: also return the natural-log log-sum-exp [B, K, G] of the
-      scaled scores (-inf for length-0 sequences).
+      scaled scores (-inf for empty sequences).
 
   Returns:
-    out [B, K, G, H] float32 (zeros where length_b == 0), and lse if asked.
+    out [B, K, G, H] float32 (zeros where start_b >= length_b), and lse if
+    asked.
 
   Raises:
     ValueError: unsupported format/granularity or shapes that do not tile
       (see `decode_attention_supported`).
   """
   reason = decode_attention_supported(q_BxKxGxH, k, v, length_B,
-                                      block_k=block_k, k_splits=k_splits)
+                                      start_B=start_B, block_k=block_k,
+                                      k_splits=k_splits)
   if reason:
     raise ValueError(f"decode_attention: {reason}")
   head_dim = q_BxKxGxH.shape[-1]
@@ -421,24 +439,28 @@ def decode_attention(q_BxKxGxH: jax.Array, k, v, length_B: jax.Array, *,
   k_layout = describe_packed(k, head_dim, "k", num_slots)
   v_layout = describe_packed(v, head_dim, "v", num_slots)
   bk, ns = _resolve_tiling(num_slots, block_k, k_splits)
-  return _run(q_BxKxGxH, k, v, length_B, k_layout, v_layout, block_k=bk,
-              k_splits=ns, interpret=interpret, return_lse=return_lse)
+  start_B = jnp.zeros_like(length_B) if start_B is None else start_B
+  return _run(q_BxKxGxH, k, v, length_B, start_B, k_layout, v_layout,
+              block_k=bk, k_splits=ns, interpret=interpret,
+              return_lse=return_lse)
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "k_splits",
                                              "interpret", "return_lse"))
 def decode_attention_dense(q_BxKxGxH: jax.Array, k_BxKxSxH: jax.Array,
                            v_BxKxSxH: jax.Array, length_B: jax.Array, *,
+                           start_B: jax.Array | None = None,
                            block_k: int = DEFAULT_BLOCK_K,
                            k_splits: int | None = None,
                            interpret: bool = False, return_lse: bool = False):
   """`decode_attention` over a plain (bf16/f32) heads-major cache."""
   reason = decode_attention_dense_supported(
-      q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, length_B, block_k=block_k,
-      k_splits=k_splits)
+      q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, length_B, start_B=start_B,
+      block_k=block_k, k_splits=k_splits)
   if reason:
     raise ValueError(f"decode_attention_dense: {reason}")
   bk, ns = _resolve_tiling(k_BxKxSxH.shape[2], block_k, k_splits)
-  return _run(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, length_B, None, None,
+  start_B = jnp.zeros_like(length_B) if start_B is None else start_B
+  return _run(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, length_B, start_B, None, None,
               block_k=bk, k_splits=ns, interpret=interpret,
               return_lse=return_lse)

@@ -45,7 +45,8 @@ def dequantize_cache(x, head_dim: int) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("return_lse",))
 def decode_attention_reference(q_BxKxGxH: jax.Array, k, v,
-                               length_B: jax.Array, return_lse: bool = False):
+                               length_B: jax.Array, return_lse: bool = False,
+                               start_B: jax.Array | None = None):
   """Masked softmax attention of one query token per sequence.
 
   Args:
@@ -54,6 +55,7 @@ def decode_attention_reference(q_BxKxGxH: jax.Array, k, v,
     length_B: int [B]; slots >= length_b are masked.
     return_lse: also return the natural-log log-sum-exp [B, K, G] of the
       scaled scores (-inf for empty sequences).
+    start_B: int [B] or None (zeros); slots < start_b are masked.
 
   Returns:
     out [B, K, G, H] float32 (zeros for empty sequences), and lse if asked.
@@ -65,7 +67,11 @@ def decode_attention_reference(q_BxKxGxH: jax.Array, k, v,
   scores = jnp.einsum("bkgh,bksh->bkgs", q, k_f,
                       precision=jax.lax.Precision.HIGHEST)
   num_slots = k_f.shape[2]
-  valid = (jnp.arange(num_slots)[None, :] < length_B[:, None])[:, None, None]
+  slots_S = jnp.arange(num_slots)[None, :]
+  valid = slots_S < length_B[:, None]
+  if start_B is not None:
+    valid &= slots_S >= start_B[:, None]
+  valid = valid[:, None, None]
   scores = jnp.where(valid, scores, -jnp.inf)
   m = jnp.max(scores, axis=-1, keepdims=True)
   m = jnp.where(jnp.isfinite(m), m, 0.0)
