@@ -22,6 +22,16 @@ decode step dequantizes `block_size` slots at a time and never materializes a
 full-precision copy of the cache; the full-precision segments are merged by
 log-sum-exp.
 
+With `spec.attention_impl` selecting "pallas", a decode step (T == 1) reads
+the storage segment [S, Q(n0 + 1)) with the flash-decoding kernel of
+`kvq_jax.kernels` instead of the scan (start_B = S, length_B = Q(n0 + 1)); its
+(out, lse) is merged with the full-precision state by log-sum-exp. The kernel
+dots the stored keys with the query directly, so it cannot read pre-RoPE keys,
+and it needs packed int8/int4/int2 storage for both K and V; where it cannot
+run, an explicit "pallas" raises ValueError and a tuple such as
+("pallas", "xla") falls back to the scan with a warning (at trace time).
+Prefill (T > 1) always uses the scan.
+
 Positions: the cache assumes token i sits at position i (slot == position),
 which is what pre-RoPE keys are rotated with at read time.
 """
@@ -35,6 +45,10 @@ from flax import struct
 from kvq_jax.cache import hadamard
 from kvq_jax.cache.attention import MASK_VALUE
 from kvq_jax.cache.spec import LayerSpec
+from kvq_jax.kernels.decode_attention import DEFAULT_BLOCK_K, decode_attention
+from kvq_jax.kernels.dispatch import (choose_implementation,
+                                      pallas_unsupported_reason,
+                                      resolve_interpret)
 from kvq_jax.models.rope import Rope
 from kvq_jax.quant import QuantizedArray, QuantSpec, dequantize, quantize
 
@@ -58,8 +72,16 @@ def _group(spec: QuantSpec | None) -> int:
 
 
 def _empty_store(spec: QuantSpec | None, shape, dtype) -> Store:
-  zeros = jnp.zeros(shape, dtype)
-  return zeros if spec is None else quantize(zeros, spec)
+  """All-zero storage (codes, scales and zeros 0), built without quantizing.
+
+  Quantizing a zeros constant inside `jit` would make XLA constant-fold the
+  whole reduction at compile time; zero leaves of the right shapes are equal.
+  """
+  if spec is None:
+    return jnp.zeros(shape, dtype)
+  abstract = jax.eval_shape(lambda: quantize(jnp.zeros(shape, dtype), spec))
+  return jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
+                                abstract)
 
 
 def _scatter_tokens(store: Store, rows: Store, slots_L: jax.Array,
@@ -273,13 +295,71 @@ class QuantizedLayerCache:
               & (tok_BxL[:, None, :] < q_end_BxT[:, :, None]))
       return _merge(carry, _block_attention(q_BxKxGxTxH, kb, vb, mask)), None
 
-    state, _ = jax.lax.scan(body, state, jnp.arange(num_blocks))
+    if t == 1 and self._decode_impl(q_BxTxNxH, q_end_BxT[:, 0]) == "pallas":
+      state = _merge(state, self._storage_state_pallas(
+          new_cache, q_BxTxNxH, q_end_BxT[:, 0]))
+    else:
+      state, _ = jax.lax.scan(body, state, jnp.arange(num_blocks))
     m, l, acc = state
     out_BxKxGxTxH = acc / l[..., None]
     if spec.hadamard_v:
       out_BxKxGxTxH = hadamard.rotate(out_BxKxGxTxH)
     out = jnp.moveaxis(out_BxKxGxTxH, 3, 1).reshape(b, t, n, h)
     return out.astype(q_BxTxNxH.dtype), new_cache
+
+
+  # -- decode kernel -------------------------------------------------------
+
+  def _kernel_block_k(self) -> int:
+    """Largest power of two <= DEFAULT_BLOCK_K dividing the allocation."""
+    slots = self.allocated_slots
+    return min(DEFAULT_BLOCK_K, slots & -slots)
+
+  def _kernel_inputs(self, cache: QuantizedLayerCache, q_BxTxNxH: jax.Array,
+                     end_B: jax.Array):
+    """(q [B, K, G, H], start_B) of the decode kernel for one query token.
+
+    q is not pre-scaled (the kernel scales by 1/sqrt(H)) but is rotated like
+    the stored keys.
+    """
+    b, _, n, h = q_BxTxNxH.shape
+    kh = cache.k_store.shape[1]
+    q = q_BxTxNxH[:, 0].astype(jnp.float32)
+    if self.spec.hadamard_k:  # key_rope == 'post' here (pre is unsupported).
+      q = hadamard.rotate(q)
+    start_B = jnp.full_like(end_B, self.spec.sink)
+    return q.reshape(b, kh, n // kh, h), start_B
+
+  def _decode_impl(self, q_BxTxNxH: jax.Array, end_B: jax.Array) -> str:
+    """'pallas' or 'xla' for this decode step (trace time)."""
+    spec = self.spec
+    interpret = resolve_interpret(spec.interpret)
+
+    def reason(choice: str) -> str | None:
+      if choice == "xla":
+        return None
+      why = spec.pallas_static_reason()
+      if why:
+        return why
+      q, start_B = self._kernel_inputs(self, q_BxTxNxH, end_B)
+      return pallas_unsupported_reason(
+          q, self.k_store, self.v_store, end_B, start_B=start_B,
+          interpret=interpret, block_k=self._kernel_block_k())
+
+    return choose_implementation(spec.attention_impl, reason,
+                                 caller="QuantizedLayerCache.attend")
+
+  def _storage_state_pallas(self, cache: QuantizedLayerCache,
+                            q_BxTxNxH: jax.Array, end_B: jax.Array):
+    """Softmax state (m, l, acc) [B, K, G, 1(, H)] of slots [S, end_b)."""
+    q, start_B = self._kernel_inputs(cache, q_BxTxNxH, end_B)
+    out_BxKxGxH, lse_BxKxG = decode_attention(
+        q, cache.k_store, cache.v_store, end_B, start_B=start_B,
+        block_k=self._kernel_block_k(),
+        interpret=resolve_interpret(self.spec.interpret), return_lse=True)
+    # softmax-normalized: m = lse, l = 1 (lse = -inf, out = 0 when empty).
+    m = lse_BxKxG[..., None]
+    return m, jnp.ones_like(m), out_BxKxGxH[..., None, :]
 
 
 def _block_attention(q_BxKxGxTxH, k_BxKxLxH, v_BxKxLxH, mask_BxTxL):

@@ -16,16 +16,46 @@ Full-precision regions (all in the compute dtype):
     R = 0, F = 1 quantizes every token as it is written (llama.cpp).
   Per-channel groups must close before they are quantized, so F (and S) must
   be multiples of every per-channel group size.
+
+Decode attention over the storage (`attention_impl`): "xla" (a blockwise
+online-softmax scan in jnp), "pallas" (the flash-decoding kernel of
+`kvq_jax.kernels`, one query token only: prefill always uses the XLA path), or
+an ordered tuple such as ("pallas", "xla") that falls back with a warning
+where the kernel cannot run. An explicit "pallas" that cannot run raises.
+`interpret` runs the kernel in the Pallas interpreter (None: exactly when the
+default backend is the CPU, which has no Pallas lowering).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Sequence
 
+from kvq_jax.kernels.cache_layout import SUPPORTED_FORMATS
+from kvq_jax.kernels.dispatch import normalize_implementation
 from kvq_jax.quant import QuantSpec
 
 KEY_ROPE = ("post", "pre")
+
+AttentionImpl = str | tuple[str, ...]
+
+
+def _attention_impl(value: str | Sequence[str]) -> AttentionImpl:
+  """Validated, hashable `attention_impl`: a name or a tuple of names."""
+  if not isinstance(value, (str, tuple, list)):
+    raise ValueError(
+        f"CacheSpec.attention_impl={value!r}: allowed: 'xla', 'pallas' or a "
+        "non-empty ordered tuple of them, e.g. ('pallas', 'xla').")
+  choices = normalize_implementation(value, "CacheSpec.attention_impl")
+  return value if isinstance(value, str) else choices
+
+
+def _check_interpret(value) -> None:
+  if value is not None and not isinstance(value, bool):
+    raise ValueError(
+        f"CacheSpec.interpret={value!r}: allowed: True, False or None (auto: "
+        "interpret on the cpu backend).")
 
 
 def _to_cache_layout(spec: QuantSpec | None, name: str) -> QuantSpec | None:
@@ -71,10 +101,44 @@ class LayerSpec:
   hadamard_k: bool = False
   hadamard_v: bool = False
   block_size: int = 256
+  attention_impl: AttentionImpl = "xla"
+  interpret: bool | None = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "attention_impl",
+                       _attention_impl(self.attention_impl))
+    _check_interpret(self.interpret)
 
   @property
   def is_full_precision(self) -> bool:
     return self.k is None and self.v is None
+
+  @property
+  def attention_choices(self) -> tuple[str, ...]:
+    """`attention_impl` as an ordered tuple of names."""
+    return normalize_implementation(self.attention_impl)
+
+  def pallas_static_reason(self) -> str | None:
+    """Why the decode kernel can never read this layer's storage, or None.
+
+    Shape- and backend-dependent reasons are checked at trace time by
+    `kvq_jax.kernels.dispatch.pallas_unsupported_reason`.
+    """
+    if self.key_rope == "pre":
+      return ("key_rope='pre' stores keys before RoPE, which must then be "
+              "applied to the dequantized keys at read time; the decode "
+              "kernel dots the query with the stored keys directly and "
+              "cannot rotate them (use key_rope='post' or attention_impl="
+              "'xla').")
+    if self.k is None or self.v is None:
+      return ("only one of k/v is quantized; the decode kernel reads packed "
+              "QuantizedArray storage for both.")
+    for name, spec in (("k", self.k), ("v", self.v)):
+      if spec.format not in SUPPORTED_FORMATS:
+        return (f"{name}.format={spec.format!r}: the decode kernel unpacks "
+                "integer codes whose bit width divides 8; supported: "
+                f"{', '.join(SUPPORTED_FORMATS)}.")
+    return None
 
   @property
   def window(self) -> int:
@@ -98,6 +162,10 @@ class CacheSpec:
       before quantization (undone exactly at read time).
     block_size: cache slots per block of the blockwise attention (XLA path);
       bounds the dequantized temporaries of a decode step.
+    attention_impl: decode attention over the storage: "xla" | "pallas" | an
+      ordered tuple of them (module docstring); lists become tuples.
+    interpret: run the Pallas kernel in interpret mode; None = auto (on the
+      cpu backend only).
   """
 
   k: QuantSpec | None = None
@@ -110,8 +178,13 @@ class CacheSpec:
   hadamard_k: bool = False
   hadamard_v: bool = False
   block_size: int = 256
+  attention_impl: AttentionImpl = "xla"
+  interpret: bool | None = None
 
   def __post_init__(self):
+    object.__setattr__(self, "attention_impl",
+                       _attention_impl(self.attention_impl))
+    _check_interpret(self.interpret)
     for name in ("residual", "sink"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 0:
@@ -150,6 +223,22 @@ class CacheSpec:
     for i, (k, v) in enumerate([(self.k, self.v)] + [o[1:] for o in overrides]):
       _to_cache_layout(k, "k" if i == 0 else f"layer_overrides[{i-1}].k")
       _to_cache_layout(v, "v" if i == 0 else f"layer_overrides[{i-1}].v")
+    if normalize_implementation(self.attention_impl) == ("pallas",):
+      self._check_explicit_pallas(overrides)
+
+  def _check_explicit_pallas(self, overrides) -> None:
+    """attention_impl='pallas' on a cache the kernel can never read."""
+    layers = [("", self.k, self.v)] + [
+        (f" (layer_overrides, layer {i})", k, v) for i, k, v in overrides]
+    for where, k, v in layers:
+      if k is None and v is None:
+        continue  # A full-precision layer uses the dense cache.
+      probe = LayerSpec(k=k, v=v, key_rope=self.key_rope)
+      reason = probe.pallas_static_reason()
+      if reason:
+        raise ValueError(
+            f"CacheSpec.attention_impl='pallas' is unsupported{where}: "
+            f"{reason} Use 'xla' or a fallback tuple ('pallas', 'xla').")
 
   def _all_specs(self):
     specs = [self.k, self.v]
@@ -166,4 +255,5 @@ class CacheSpec:
         k=_to_cache_layout(k, "k"), v=_to_cache_layout(v, "v"),
         residual=self.residual, flush_block=self.flush_block, sink=self.sink,
         key_rope=self.key_rope, hadamard_k=self.hadamard_k,
-        hadamard_v=self.hadamard_v, block_size=self.block_size)
+        hadamard_v=self.hadamard_v, block_size=self.block_size,
+        attention_impl=self.attention_impl, interpret=self.interpret)

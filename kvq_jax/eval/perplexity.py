@@ -32,6 +32,6 @@ def perplexity_from_nll(nll) -> Perplexity:
         "finite: the model produced NaN/Inf logits.")
   mean = float(nll.mean())
   ppl = math.exp(mean)
-  var = float(np.mean(nll * nll) - mean * mean)
+  var = float(np.var(nll))  # Population variance, as llama.cpp.
   stderr = ppl * math.sqrt(var / (nll.size - 1)) if nll.size > 1 and var > 0 else 0.0
   return Perplexity(ppl=ppl, stderr=stderr, mean_nll=mean, count=int(nll.size))

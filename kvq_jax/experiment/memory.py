@@ -23,6 +23,12 @@ from kvq_jax.quant import bits_per_element
 
 _PROBE_SLOTS = 4096
 
+# `memory_report` keys that describe the baseline alone (a run without a
+# quantized cache reports only these).
+BASELINE_KEYS = ("kv_bytes_per_token_baseline", "kv_bytes_per_token_bf16",
+                 "memory_budget_gib", "weight_bytes",
+                 "max_context_tokens_baseline")
+
 
 def _nbytes(leaves) -> int:
   return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in leaves)

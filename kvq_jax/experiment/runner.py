@@ -51,10 +51,13 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   baseline_dtype = jnp.dtype(settings.dtype)
   quant_dtype = jnp.dtype(settings.cache_dtype)
   quant_spec = settings.cache_spec if settings.quantize else None
-  metrics.update(memory.memory_report(
+  memory_metrics = memory.memory_report(
       lm.config, quant_spec, quant_dtype if settings.quantize else baseline_dtype,
       baseline_dtype, settings.memory.budget_gib,
-      settings.memory.weight_bytes_per_param))
+      settings.memory.weight_bytes_per_param)
+  if not settings.quantize:  # No quantized cache: no quantized-side numbers.
+    memory_metrics = {k: memory_metrics[k] for k in memory.BASELINE_KEYS}
+  metrics.update(memory_metrics)
   db = settings.decode_bench
   metrics["decode_batch_size"], metrics["decode_context"] = (db.batch_size,
                                                              db.context)
@@ -67,7 +70,9 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   metrics["machine"] = machine
   metrics["python"] = platform.python_version()
   summary = report.summary_markdown(name, metrics, machine)
-  report.write_run(workdir, config.to_json_best_effort(indent=2), metrics,
+  resolved = config.copy_and_resolve_references()
+  resolved.model = model_name  # --model wins over config.model: record it.
+  report.write_run(workdir, resolved.to_json_best_effort(indent=2), metrics,
                    summary)
   print(summary)
   return metrics

@@ -109,7 +109,8 @@ def settings_from_config(config: ml_collections.ConfigDict
           k=k, v=v, layer_overrides=overrides, residual=cache.residual,
           flush_block=cache.flush_block or None, sink=cache.sink,
           key_rope=cache.key_rope, hadamard_k=cache.hadamard_k,
-          hadamard_v=cache.hadamard_v, block_size=cache.block_size)
+          hadamard_v=cache.hadamard_v, block_size=cache.block_size,
+          attention_impl=config.attention.impl)
     except ValueError as e:
       raise ValueError(f"config.cache: {e}") from e
   if config.attention.impl not in IMPLEMENTATIONS:

@@ -17,7 +17,7 @@ from kvq_jax.quant import QuantSpec
 _PATTERN = re.compile(
     r"^(?P<format>int8|int4|int3|int2|fp8_e4m3|fp8_e5m2)"
     r"(?:_g(?P<group>\d+)|_pc(?P<channel>\d+))?"
-    r"(?P<asym>_asym)?(?:_clip(?P<clip>[0-9.]+))?$")
+    r"(?P<asym>_asym)?(?:_clip(?P<clip>[0-9]*\.?[0-9]+))?$")
 
 
 def parse_short_spec(text: str) -> QuantSpec | None:
@@ -35,11 +35,14 @@ def parse_short_spec(text: str) -> QuantSpec | None:
     granularity, group = "per_group", int(match["group"])
   elif match["channel"]:
     granularity, group = "per_channel", int(match["channel"])
-  return QuantSpec(
-      format=match["format"],
-      scheme="asymmetric" if match["asym"] else "symmetric",
-      granularity=granularity, group_size=group,
-      clip_ratio=float(match["clip"]) if match["clip"] else 1.0)
+  try:
+    return QuantSpec(
+        format=match["format"],
+        scheme="asymmetric" if match["asym"] else "symmetric",
+        granularity=granularity, group_size=group,
+        clip_ratio=float(match["clip"]) if match["clip"] else 1.0)
+  except ValueError as e:
+    raise ValueError(f"cache format {text!r}: {e}") from e
 
 
 def short_name(spec: QuantSpec | None) -> str:

@@ -43,7 +43,8 @@ def generate(model: Decoder | Runtime, tokenizer: Any | None,
   Args:
     model: a Decoder or a Runtime built from one (reuse a Runtime to keep
       its compiled programs across calls).
-    tokenizer: None, or an object with `encode(str).ids` / `decode(ids)`
+    tokenizer: None, or an object with `encode(str) -> list[int]` (a
+      `tokenizers.Encoding` with `.ids` also works) and `decode(ids)`
       (a `tokenizers.Tokenizer`); needed when `prompt_ids` is a string.
     prompt_ids: token ids, or text when a tokenizer is given.
     max_new_tokens: at most this many tokens are generated.
@@ -56,7 +57,8 @@ def generate(model: Decoder | Runtime, tokenizer: Any | None,
   if isinstance(prompt_ids, str):
     if tokenizer is None:
       raise ValueError("generate: prompt_ids is text but tokenizer is None.")
-    prompt_ids = tokenizer.encode(prompt_ids).ids
+    encoded = tokenizer.encode(prompt_ids)
+    prompt_ids = list(getattr(encoded, "ids", encoded))
   prompt = tuple(int(t) for t in prompt_ids)
   if not prompt:
     raise ValueError("generate: prompt_ids is empty; need >= 1 token.")

@@ -39,7 +39,7 @@ def train_tokenizer() -> Tokenizer:
   return tok
 
 
-def random_weights(seed: int = 0, scale: float = 0.3) -> dict[str, np.ndarray]:
+def random_weights(seed: int = 0, scale: float = 0.1) -> dict[str, np.ndarray]:
   rng = np.random.default_rng(seed)
   r = lambda *shape: (scale * rng.standard_normal(shape)).astype(np.float32)  # noqa: E731
   w = {"model.embed_tokens.weight": r(V, D),

@@ -1,0 +1,50 @@
+"""One decode step of a SmolLM2-135M-shaped model vs context and cache kind.
+
+  python -m experiments.bench_decode --max_context=32768 --repeats=3
+
+Prints time per step (median), XLA temporaries of the compiled step and the
+cache bytes (every cache leaf), each with its ratio to the dense bf16 cache.
+The weights are random float32 of the real SmolLM2-135M shapes (timing and
+memory do not depend on their values); the cache contents are zeros.
+"""
+
+from __future__ import annotations
+
+from absl import app
+from absl import flags
+
+from kvq_jax.experiment import decode_bench
+from kvq_jax.experiment.timing import machine_description
+from kvq_jax.models.bench import PRESETS
+from kvq_jax.models.params import decoder_from_params, random_params
+from kvq_jax.models.runtime import Runtime
+
+_MAX_CONTEXT = flags.DEFINE_integer(
+    "max_context", 32768, "Contexts are 1024, 2048, ... doubling up to it.")
+_KINDS = flags.DEFINE_list("kinds", list(decode_bench.KINDS),
+                           f"Cache kinds: {list(decode_bench.KINDS)}.")
+_BATCH = flags.DEFINE_integer("batch", 1, "Sequences per step.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps (median).")
+
+
+def main(argv):
+  del argv
+  contexts = []
+  c = 1024
+  while c <= _MAX_CONTEXT.value:
+    contexts.append(c)
+    c *= 2
+  config = PRESETS["smollm2_135m"]
+  runtime = Runtime(decoder_from_params(config, random_params(config)))
+  print(machine_description())
+  print(f"model: random float32 weights of the SmolLM2-135M shapes "
+        f"(L={config.num_layers}, K={config.num_kv_heads}, "
+        f"N={config.num_heads}, H={config.head_dim}); B={_BATCH.value}; "
+        f"median of {_REPEATS.value} steps; contexts {contexts}")
+  rows = decode_bench.run(runtime, _KINDS.value, contexts,
+                          batch_size=_BATCH.value, repeats=_REPEATS.value)
+  print(decode_bench.format_table(rows))
+
+
+if __name__ == "__main__":
+  app.run(main)

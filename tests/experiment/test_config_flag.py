@@ -1,0 +1,123 @@
+"""--config resolution, the presets in configs/, and dotted overrides."""
+
+from __future__ import annotations
+
+import pathlib
+
+from absl import flags
+import ml_collections
+import pytest
+
+from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.experiment import config_flag
+from kvq_jax.experiment.config_flag import (DEFINE_preset_config,
+                                            available_presets,
+                                            resolve_config_path)
+from kvq_jax.experiment.memory import cache_bytes, theoretical_bits
+from kvq_jax.experiment.settings import settings_from_config
+from tests.experiment.smollm2 import SMOLLM2
+
+# Bits per element each preset's docstring promises at head_dim 64 (None:
+# full precision, no CacheSpec).
+PRESET_BITS = {
+    "baseline": None, "bf16": None, "fp16": None,
+    "fp8_e4m3": 8.25, "fp8_e5m2": 8.25, "int8": 8.25,
+    "int4_g32": 4.5, "int4_g32_asym": 5.0, "int4_g128": 4.25,
+    "int2_g32_asym": 3.0, "k8v4": 6.5, "kivi2": 3.0, "kivi4": 5.0,
+}
+
+
+def load_preset(name: str) -> ml_collections.ConfigDict:
+  parser = config_flag._PresetParser(name="config", lock_config=True)  # pylint: disable=protected-access
+  return parser.parse(name)
+
+
+def test_resolve_preset_name_and_paths(tmp_path):
+  path = resolve_config_path("int4_g32")
+  assert pathlib.Path(path) == config_flag.CONFIG_DIR / "int4_g32.py"
+  assert resolve_config_path("int4_g32:extra") == path + ":extra"
+  own = tmp_path / "mine.py"
+  own.write_text("def get_config():\n  return None\n")
+  assert resolve_config_path(str(own)) == str(own)
+  assert resolve_config_path(f"{own}:arg") == f"{own}:arg"
+
+
+def test_unknown_preset_lists_presets():
+  with pytest.raises(ValueError) as info:
+    resolve_config_path("nonexistent")
+  message = str(info.value)
+  assert "no preset named 'nonexistent'" in message
+  for name in ("baseline", "int4_g32", "kivi2"):
+    assert name in message
+
+
+def test_missing_path_rejected(tmp_path):
+  with pytest.raises(ValueError, match="no such config file"):
+    resolve_config_path(str(tmp_path / "absent.py"))
+
+
+def test_available_presets_is_every_config_but_base():
+  assert available_presets() == sorted(PRESET_BITS)
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_BITS))
+def test_preset_loads_locked_and_converts(name):
+  config = load_preset(name)
+  assert config.is_locked
+  with pytest.raises(AttributeError):
+    config.cache.k.nope = 1
+  settings = settings_from_config(config)
+  bits = PRESET_BITS[name]
+  assert settings.quantize == (name != "baseline")
+  if bits is None:
+    assert settings.cache_spec is None
+    return
+  spec = settings.cache_spec
+  assert isinstance(spec, CacheSpec)
+  spec.layer(0)  # Per-layer specs rewrite into the cache layout.
+  assert theoretical_bits(SMOLLM2, spec, settings.cache_dtype) == pytest.approx(
+      bits)
+  # The real cache pytree stores exactly the theoretical bytes per token.
+  per_token, fixed = cache_bytes(SMOLLM2, spec, settings.cache_dtype)
+  assert per_token == pytest.approx(
+      bits * 2 * SMOLLM2.num_layers * SMOLLM2.num_kv_heads
+      * SMOLLM2.head_dim / 8)
+  assert (fixed > 0) == name.startswith("kivi")
+
+
+def test_full_precision_presets_use_their_cache_dtype():
+  assert settings_from_config(load_preset("bf16")).cache_dtype == "bfloat16"
+  assert settings_from_config(load_preset("fp16")).cache_dtype == "float16"
+  assert settings_from_config(load_preset("baseline")).cache_dtype == "float32"
+
+
+def _parse(argv):
+  values = flags.FlagValues()
+  holder = DEFINE_preset_config("config", flag_values=values, sys_argv=argv)
+  values(argv)
+  return holder.value
+
+
+def test_override_on_the_command_line():
+  config = _parse(["prog", "--config=int4_g32", "--config.cache.k.bits=8",
+                   "--config.eval.window_len=64"])
+  assert config.cache.k.bits == 8 and config.cache.v.bits == 4
+  assert config.eval.window_len == 64
+  spec = settings_from_config(config).cache_spec
+  assert spec.k.format == "int8" and spec.v.format == "int4"
+
+
+def test_preset_given_by_path():
+  path = str(config_flag.CONFIG_DIR / "kivi2.py")
+  assert _parse(["prog", f"--config={path}"]).cache.residual == 128
+
+
+def test_unknown_override_key_is_a_flag_error():
+  with pytest.raises(flags.IllegalFlagValueError,
+                     match=r"--config\.cache\.k\.nope"):
+    _parse(["prog", "--config=int4_g32", "--config.cache.k.nope=1"])
+
+
+def test_unknown_preset_is_a_flag_error():
+  with pytest.raises(flags.IllegalFlagValueError, match="available: baseline"):
+    _parse(["prog", "--config=nonexistent"])

@@ -1,0 +1,76 @@
+"""parse_short_spec / short_name / parse_layer_overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvq_jax.experiment.short_specs import (parse_layer_overrides,
+                                            parse_short_spec, short_name)
+from kvq_jax.quant import QuantSpec
+
+NAMES = ["fp", "int8", "int4_g32", "int4_g32_asym", "int2_pc32_asym",
+         "fp8_e4m3", "fp8_e5m2", "int3_g16", "int4_clip0.9",
+         "int4_g32_asym_clip0.85", "int8_pc64"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_round_trip(name):
+  assert short_name(parse_short_spec(name)) == name
+
+
+def test_parsed_fields():
+  assert parse_short_spec("fp") is None
+  assert parse_short_spec(" int8 ") == QuantSpec(
+      format="int8", scheme="symmetric", granularity="per_token")
+  assert parse_short_spec("int4_g32") == QuantSpec(
+      format="int4", granularity="per_group", group_size=32)
+  assert parse_short_spec("int4_g32_asym").scheme == "asymmetric"
+  kivi = parse_short_spec("int2_pc32_asym")
+  assert (kivi.format, kivi.granularity, kivi.group_size, kivi.scheme) == (
+      "int2", "per_channel", 32, "asymmetric")
+  fp8 = parse_short_spec("fp8_e4m3")
+  assert (fp8.format, fp8.granularity, fp8.group_size) == (
+      "fp8_e4m3", "per_token", None)
+  assert parse_short_spec("int4_g32_clip0.9").clip_ratio == 0.9
+  assert parse_short_spec("int4_g32").scale_dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("bad", [
+    "", "int5", "int4_g", "int4_gx", "fp16", "INT8", "int4_g32_sym",
+    "int4_clip", "int4_clip0.9.1", "int4_asym_g32", "int8 int4"])
+def test_grammar_errors_name_the_text(bad):
+  with pytest.raises(ValueError, match="not understood; allowed: 'fp' or"):
+    parse_short_spec(bad)
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("int4_clip1.5", "clip_ratio"),        # clip must be in (0, 1].
+    ("int4_g0", "group_size"),             # per_group needs >= 1.
+    ("int4_pc1", "group_size"),            # per_channel needs >= 2.
+    ("fp8_e4m3_asym", "symmetric"),        # fp8 is symmetric only.
+])
+def test_invalid_specs_name_the_text_and_field(bad, why):
+  with pytest.raises(ValueError, match=f"cache format '{bad}'.*{why}"):
+    parse_short_spec(bad)
+
+
+def test_layer_overrides():
+  overrides = parse_layer_overrides("0,29:fp/fp; 5:int8/int4_g32;")
+  assert overrides == (
+      (0, None, None), (29, None, None),
+      (5, parse_short_spec("int8"), parse_short_spec("int4_g32")))
+  assert parse_layer_overrides("") == ()
+  assert parse_layer_overrides(" 3 :fp/int2_pc32_asym")[0][0] == 3
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("0:fp", "expected 'LAYER"),
+    ("0 fp/fp", "expected 'LAYER"),
+    ("x:fp/fp", "layer 'x' is not a non-negative integer"),
+    ("-1:fp/fp", "layer '-1' is not a non-negative integer"),
+    ("0,:fp/fp", "layer '' is not"),
+    ("0:int9/fp", "not understood"),
+])
+def test_layer_override_errors(bad, match):
+  with pytest.raises(ValueError, match=match):
+    parse_layer_overrides(bad)
