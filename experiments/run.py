@@ -2,6 +2,7 @@ r"""Evaluate a KV-cache preset against the full-precision baseline.
 
   python -m experiments.run --config=int4_g32 [--workdir=DIR]
       [--eval_data=FILE] [--model=NAME_OR_PATH] [--config.eval.num_windows=40]
+      [--mesh=DATAxMODEL]
 """
 
 from absl import app
@@ -17,6 +18,9 @@ _EVAL_DATA = flags.DEFINE_string(
     "eval_data", None, "UTF-8 text file; default: stdlib sources (WORKSPACE.md)")
 _MODEL = flags.DEFINE_string("model", None,
                              "model name or path; default: config.model")
+_MESH = flags.DEFINE_string(
+    "mesh", "", "DATAxMODEL device mesh, e.g. 2x4: windows and KV caches "
+    "over 'data', heads over 'model'; '' = one device")
 
 
 def main(argv):
@@ -25,7 +29,8 @@ def main(argv):
   name = flags.FLAGS["config"].serialize().split("=", 1)[-1]
   name = name.rsplit("/", 1)[-1].removesuffix(".py")
   runner.run(_CONFIG.value, _WORKDIR.value or f"runs/{name}",
-             eval_data=_EVAL_DATA.value, model=_MODEL.value, name=name)
+             eval_data=_EVAL_DATA.value, model=_MODEL.value, name=name,
+             mesh=_MESH.value or None)
 
 
 if __name__ == "__main__":

@@ -307,7 +307,6 @@ class QuantizedLayerCache:
     out = jnp.moveaxis(out_BxKxGxTxH, 3, 1).reshape(b, t, n, h)
     return out.astype(q_BxTxNxH.dtype), new_cache
 
-
   # -- decode kernel -------------------------------------------------------
 
   def _kernel_block_k(self) -> int:
@@ -315,15 +314,14 @@ class QuantizedLayerCache:
     slots = self.allocated_slots
     return min(DEFAULT_BLOCK_K, slots & -slots)
 
-  def _kernel_inputs(self, cache: QuantizedLayerCache, q_BxTxNxH: jax.Array,
-                     end_B: jax.Array):
+  def _kernel_inputs(self, q_BxTxNxH: jax.Array, end_B: jax.Array):
     """(q [B, K, G, H], start_B) of the decode kernel for one query token.
 
     q is not pre-scaled (the kernel scales by 1/sqrt(H)) but is rotated like
     the stored keys.
     """
     b, _, n, h = q_BxTxNxH.shape
-    kh = cache.k_store.shape[1]
+    kh = self.k_store.shape[1]
     q = q_BxTxNxH[:, 0].astype(jnp.float32)
     if self.spec.hadamard_k:  # key_rope == 'post' here (pre is unsupported).
       q = hadamard.rotate(q)
@@ -341,7 +339,7 @@ class QuantizedLayerCache:
       why = spec.pallas_static_reason()
       if why:
         return why
-      q, start_B = self._kernel_inputs(self, q_BxTxNxH, end_B)
+      q, start_B = self._kernel_inputs(q_BxTxNxH, end_B)
       return pallas_unsupported_reason(
           q, self.k_store, self.v_store, end_B, start_B=start_B,
           interpret=interpret, block_k=self._kernel_block_k())
@@ -352,7 +350,7 @@ class QuantizedLayerCache:
   def _storage_state_pallas(self, cache: QuantizedLayerCache,
                             q_BxTxNxH: jax.Array, end_B: jax.Array):
     """Softmax state (m, l, acc) [B, K, G, 1(, H)] of slots [S, end_b)."""
-    q, start_B = self._kernel_inputs(cache, q_BxTxNxH, end_B)
+    q, start_B = self._kernel_inputs(q_BxTxNxH, end_B)
     out_BxKxGxH, lse_BxKxG = decode_attention(
         q, cache.k_store, cache.v_store, end_B, start_B=start_B,
         block_k=self._kernel_block_k(),

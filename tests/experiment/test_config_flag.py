@@ -24,6 +24,7 @@ PRESET_BITS = {
     "fp8_e4m3": 8.25, "fp8_e5m2": 8.25, "int8": 8.25,
     "int4_g32": 4.5, "int4_g32_asym": 5.0, "int4_g128": 4.25,
     "int2_g32_asym": 3.0, "k8v4": 6.5, "kivi2": 3.0, "kivi4": 5.0,
+    "kvq4": 5.0,
 }
 
 

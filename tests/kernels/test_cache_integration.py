@@ -56,11 +56,12 @@ CASES = {
     "kivi/int2_asym_residual_sink": CacheSpec(
         k=KIVI_K, v=INT2_ASYM, residual=8, sink=32, block_size=32,
         layer_overrides=((1, INT2_ASYM, INT2_ASYM),)),
-    # 4 sinks, residual 4 flushed every 4 tokens; int4 keys, int8 values.
-    "sink_window": CacheSpec(k=INT4_G32, v=INT8_TOKEN, sink=4, residual=4,
-                             flush_block=4, block_size=32),
-    "hadamard_int4": CacheSpec(k=INT4_G32, v=INT4_G32, hadamard_k=True,
-                               hadamard_v=True, block_size=32),
+    # Hadamard-rotated K and V, 4 sinks, residual 4 flushed every 4 tokens;
+    # layer 0 int4 g32 keys and int8 per-token values, layer 1 int4 g32.
+    "hadamard/sink_window": CacheSpec(
+        k=INT4_G32, v=INT8_TOKEN, sink=4, residual=4, flush_block=4,
+        hadamard_k=True, hadamard_v=True, block_size=32,
+        layer_overrides=((1, INT4_G32, INT4_G32),)),
 }
 
 

@@ -1,0 +1,63 @@
+r"""Per-layer K/V formats under a bits/element budget from a sensitivity table.
+
+  python -m experiments.allocate \
+      --sensitivity=runs/sensitivity_int4_g32/sensitivity.json \
+      --budget=4.0 [--k_formats=fp,int8,int4_g32,int2_g32_asym] \
+      [--v_formats=...] [--metric=delta_ppl|kl_mean] [--workdir=DIR]
+
+Writes DIR/allocated_<budget>.py (a preset: predicted damage in its
+docstring) and prints the allocation; verify the prediction with
+  python -m experiments.run --config=DIR/allocated_<budget>.py
+Candidates other than fp must have been measured by
+experiments.layer_sensitivity (the preset's format and its --formats).
+"""
+
+import pathlib
+
+from absl import app
+from absl import flags
+
+from kvq_jax.research import allocator, preset_writer
+from kvq_jax.research.sensitivity_table import load_json
+
+_SENSITIVITY = flags.DEFINE_string(
+    "sensitivity", None, "sensitivity.json from experiments.layer_sensitivity",
+    required=True)
+_BUDGET = flags.DEFINE_float("budget", None, "mean bits per K/V element",
+                             required=True)
+_K_FORMATS = flags.DEFINE_list(
+    "k_formats", None, "K candidates (short names; default: fp and every "
+    "measured format)")
+_V_FORMATS = flags.DEFINE_list("v_formats", None, "V candidates (as K)")
+_METRIC = flags.DEFINE_enum("metric", "delta_ppl", allocator.DAMAGE_METRICS,
+                            "damage measure to minimise")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "where the preset goes (default: beside the table)")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  table = load_json(_SENSITIVITY.value)
+  meta = table["meta"]
+  default = [allocator.FULL_PRECISION] + list(meta["formats"])
+  allocation = allocator.allocate(
+      allocator.damage_table(table, _METRIC.value), meta["num_layers"],
+      _K_FORMATS.value or default, _V_FORMATS.value or default,
+      _BUDGET.value, head_dim=meta["head_dim"], fp_bits=meta["fp_bits"],
+      metric=_METRIC.value)
+  workdir = pathlib.Path(_WORKDIR.value or
+                         pathlib.Path(_SENSITIVITY.value).parent)
+  path = preset_writer.write_preset(
+      workdir / f"allocated_{_BUDGET.value:g}.py", allocation, table,
+      _SENSITIVITY.value)
+  print(f"budget {allocation.budget:g} bits/element, achieved "
+        f"{allocation.mean_bits:.4f}; predicted {allocation.metric} "
+        f"{allocation.predicted_damage:+.6g}")
+  for i, (k, v) in enumerate(allocation.layer_pairs()):
+    print(f"  layer {i:2d}: K {k:16s} V {v}")
+  print(f"wrote {path}\nverify: python -m experiments.run --config={path}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,49 @@
+r"""Per-layer KV-cache sensitivity of a preset (and of extra formats).
+
+  python -m experiments.layer_sensitivity --config=int4_g32 [--workdir=DIR]
+      [--eval_data=FILE] [--model=NAME_OR_PATH] [--config.eval.num_windows=8]
+      [--formats=int8,int2_g32_asym] [--noall_but_one] [--nocheck]
+
+Quantizes one layer at a time (K only, V only, K and V) and all layers but
+one (K and V) with the preset's formats, plus K-only / V-only per layer for
+every --formats entry (the allocator's input: experiments.allocate), all with
+one compiled forward. Writes sensitivity.{json,csv}, heatmap.png and
+summary.txt to --workdir (default runs/sensitivity_<preset>).
+"""
+
+from absl import app
+from absl import flags
+
+from kvq_jax.experiment.config_flag import DEFINE_preset_config
+from kvq_jax.research.sensitivity_runner import run_layer_sensitivity
+
+_CONFIG = DEFINE_preset_config("config", default="int4_g32")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "output directory (default runs/sensitivity_<preset>)")
+_EVAL_DATA = flags.DEFINE_string(
+    "eval_data", None, "UTF-8 text file; default: stdlib sources (WORKSPACE.md)")
+_MODEL = flags.DEFINE_string("model", None,
+                             "model name or path; default: config.model")
+_FORMATS = flags.DEFINE_list(
+    "formats", [], "extra per-tensor formats to measure K-only and V-only "
+    "per layer (short names: int8,int4_g32_asym,int2_g32_asym,...)")
+_ALL_BUT_ONE = flags.DEFINE_bool(
+    "all_but_one", True, "also quantize all layers but one (K and V)")
+_CHECK = flags.DEFINE_bool(
+    "check", True, "compare the all-layers probe with the real quantized cache")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  name = flags.FLAGS["config"].serialize().split("=", 1)[-1]
+  name = name.rsplit("/", 1)[-1].removesuffix(".py")
+  run_layer_sensitivity(
+      _CONFIG.value, _WORKDIR.value or f"runs/sensitivity_{name}",
+      eval_data=_EVAL_DATA.value, model=_MODEL.value, name=name,
+      formats=_FORMATS.value, all_but_one=_ALL_BUT_ONE.value,
+      check=_CHECK.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

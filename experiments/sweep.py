@@ -1,0 +1,61 @@
+r"""Sweep KV-cache formats: CSV of quality/size per point + a Pareto PNG.
+
+  python -m experiments.sweep --config=int4_g32 --workdir=runs/sweep \
+      --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw \
+      --formats=int8,int4,int2 --group_sizes=32,128 --schemes=sym,asym \
+      --residuals=0 --points=k8v4,kivi2,int4_pc32_asym/int4_g32_asym:pre:hadv \
+      --config.eval.num_windows=4 --config.eval.window_len=512
+
+The base preset (--config, with the usual --config.FIELD overrides) supplies
+the model, evaluation windows and the non-format cache settings (key_rope,
+Hadamard, sink); every grid point sets K and V to FORMAT x GROUP x SCHEME
+(group 0 = per_token) with residual R. Invalid combinations are logged and
+listed in the CSV as skipped. --points adds named points (presets or
+KSPEC[/VSPEC][:pre|post|hadk|hadv|had|rN|sN], see kvq_jax/sweep/points.py).
+Outputs: WORKDIR/sweep.csv, WORKDIR/pareto.png, WORKDIR/config.json.
+"""
+
+from absl import app
+from absl import flags
+
+from kvq_jax.experiment.config_flag import DEFINE_preset_config
+from kvq_jax.sweep.runner import SweepRequest, run_sweep
+
+_CONFIG = DEFINE_preset_config("config", default="int4_g32")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "output directory")
+_EVAL_DATA = flags.DEFINE_string(
+    "eval_data", None, "UTF-8 text file; default: stdlib sources (WORKSPACE.md)")
+_MODEL = flags.DEFINE_string("model", None,
+                             "model name or path; default: config.model")
+_FORMATS = flags.DEFINE_list("formats", ["int8", "int4", "int2"],
+                             "int8, int4, int3, int2, fp8_e4m3, fp8_e5m2")
+_GROUP_SIZES = flags.DEFINE_list(
+    "group_sizes", ["32"], "elements per group along head_dim; 0 = per_token")
+_SCHEMES = flags.DEFINE_list("schemes", ["sym", "asym"], "sym, asym")
+_RESIDUALS = flags.DEFINE_list("residuals", ["0"],
+                               "full-precision residual windows (tokens)")
+_POINTS = flags.DEFINE_list("points", [], "named points (module docstring)")
+
+
+def _ints(values: list[str], flag: str) -> list[int]:
+  try:
+    return [int(v) for v in values]
+  except ValueError as e:
+    raise app.UsageError(f"--{flag}={','.join(values)}: integers only.") from e
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  request = SweepRequest(
+      formats=tuple(_FORMATS.value),
+      group_sizes=tuple(_ints(_GROUP_SIZES.value, "group_sizes")),
+      schemes=tuple(_SCHEMES.value),
+      residuals=tuple(_ints(_RESIDUALS.value, "residuals")),
+      points=tuple(_POINTS.value))
+  run_sweep(_CONFIG.value, _WORKDIR.value, request,
+            eval_data=_EVAL_DATA.value, model=_MODEL.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,160 @@
+"""Mixed-precision K/V formats per layer under a bits/element budget.
+
+Additive damage model: the damage of an assignment (one format per tensor,
+2L tensors: K and V of every layer) is the sum of the damages measured by
+quantizing that tensor alone in that format (mode 'only' rows of the
+sensitivity table, `metric` delta_ppl or kl_mean); full precision costs 0.
+Cost: `kvq_jax.quant.bits_per_element` (head_dim for per_token), full
+precision `fp_bits` (the cache dtype's width, as the runner's
+kv_bits_per_element counts it); the budget bounds the mean over the 2L
+tensors (they hold equally many elements).
+
+`allocate` solves this multiple-choice knapsack exactly by dynamic
+programming over the (rational, hence exactly discretized) bit costs; among
+equal-damage optima it takes the cheapest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fractions
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from kvq_jax.experiment.short_specs import parse_short_spec, short_name
+from kvq_jax.quant import bits_per_element
+
+FULL_PRECISION = "fp"
+DAMAGE_METRICS = ("delta_ppl", "kl_mean")
+MAX_STATES = 4_000_000
+
+DamageTable = Mapping[tuple[str, int, str], float]  # (tensor, layer, format)
+
+
+def format_bits(name: str, head_dim: int, fp_bits: float) -> float:
+  """Stored bits per element of the short-named format."""
+  spec = parse_short_spec(name)
+  if spec is None:
+    return float(fp_bits)
+  return bits_per_element(
+      spec, head_dim if spec.granularity == "per_token" else None)
+
+
+def damage_table(table: dict, metric: str = "delta_ppl") -> dict:
+  """{(tensor 'K'|'V', layer, format): damage} from a sensitivity table."""
+  if metric not in DAMAGE_METRICS:
+    raise ValueError(f"metric={metric!r}: allowed: "
+                     f"{', '.join(DAMAGE_METRICS)}.")
+  out = {}
+  for row in table["rows"]:
+    if row["mode"] != "only" or row["tensor"] not in ("K", "V"):
+      continue
+    fmt = row["k_format"] if row["tensor"] == "K" else row["v_format"]
+    out.setdefault((row["tensor"], row["layer"], fmt), row[metric])
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+  k_formats: tuple[str, ...]
+  v_formats: tuple[str, ...]
+  mean_bits: float
+  budget: float
+  predicted_damage: float
+  metric: str
+
+  def layer_pairs(self) -> list[tuple[str, str]]:
+    return list(zip(self.k_formats, self.v_formats))
+
+
+def _fraction(x: float) -> fractions.Fraction:
+  return fractions.Fraction(x).limit_denominator(1 << 12)
+
+
+def allocate(damage: DamageTable, num_layers: int,
+             k_candidates: Sequence[str], v_candidates: Sequence[str],
+             budget: float, *, head_dim: int, fp_bits: float,
+             metric: str = "delta_ppl",
+             clip_negative: bool = True) -> Allocation:
+  """Minimum predicted damage with mean bits <= `budget` (module docstring).
+
+  `clip_negative`: a measured damage below 0 (noise: quantizing a tensor
+  rarely helps) counts as 0, so it cannot pay for damage elsewhere.
+  Raises ValueError when a candidate was not measured for some tensor or
+  when even the cheapest candidates exceed the budget.
+  """
+  if not k_candidates or not v_candidates:
+    raise ValueError("allocate: k_candidates and v_candidates must be "
+                     "non-empty lists of short format names.")
+  names = {}
+  for fmt in list(k_candidates) + list(v_candidates):
+    names[fmt] = short_name(parse_short_spec(fmt))
+  bits = {f: format_bits(f, head_dim, fp_bits) for f in names}
+  options = []  # per tensor: [(format, cost Fraction, damage)]
+  for tensor, candidates in (("K", k_candidates), ("V", v_candidates)):
+    for layer in range(num_layers):
+      opts = []
+      for fmt in candidates:
+        canonical = names[fmt]
+        if canonical == FULL_PRECISION:
+          d = 0.0
+        elif (tensor, layer, canonical) in damage:
+          d = float(damage[(tensor, layer, canonical)])
+        else:
+          raise ValueError(
+              f"allocate: no measured damage for {tensor} of layer {layer} "
+              f"in format {canonical!r}; measure it with "
+              f"experiments.layer_sensitivity --formats={canonical} or drop "
+              "it from the candidates.")
+        if clip_negative:
+          d = max(d, 0.0)
+        opts.append((canonical, _fraction(bits[fmt]), d))
+      options.append(sorted(opts, key=lambda o: o[1]))
+  den = math.lcm(*[o[1].denominator for opts in options for o in opts])
+  units = [[(f, int(c * den), d) for f, c, d in opts] for opts in options]
+  base = sum(opts[0][1] for opts in units)
+  limit = math.floor(fractions.Fraction(budget).limit_denominator(1 << 20)
+                     * 2 * num_layers * den + 1e-9)
+  if limit < base:
+    raise ValueError(
+        f"budget={budget} bits/element is below the cheapest assignment "
+        f"({base / den / (2 * num_layers):.4g}); allowed: >= that, or add "
+        "cheaper candidates.")
+  span = min(limit - base, sum(opts[-1][1] - opts[0][1] for opts in units))
+  if span + 1 > MAX_STATES:
+    raise ValueError(
+        f"allocate: {span + 1} cost states (bit costs with denominator "
+        f"{den}) exceed {MAX_STATES}; use formats with coarser costs.")
+  dp = np.full(span + 1, np.inf)
+  dp[0] = 0.0
+  choices = []
+  for opts in units:
+    new = np.full_like(dp, np.inf)
+    pick = np.full(dp.shape, -1, np.int16)
+    for j, (_, cost, d) in enumerate(opts):
+      extra = cost - opts[0][1]
+      if extra > span:
+        continue
+      cand = np.full_like(dp, np.inf)
+      cand[extra:] = dp[:span + 1 - extra] + d
+      better = cand < new
+      new[better], pick[better] = cand[better], j
+    dp = new
+    choices.append(pick)
+  best = np.min(dp)
+  state = int(np.flatnonzero(dp <= best + 1e-12 * max(1.0, abs(best)))[0])
+  chosen = []
+  for opts, pick in zip(reversed(units), reversed(choices)):
+    j = int(pick[state])
+    chosen.append(opts[j])
+    state -= opts[j][1] - opts[0][1]
+  chosen.reverse()
+  total_units = sum(c for _, c, _ in chosen)
+  formats = [f for f, _, _ in chosen]
+  return Allocation(
+      k_formats=tuple(formats[:num_layers]),
+      v_formats=tuple(formats[num_layers:]),
+      mean_bits=total_units / den / (2 * num_layers), budget=float(budget),
+      predicted_damage=float(sum(d for _, _, d in chosen)), metric=metric)

@@ -1,0 +1,82 @@
+"""Quantize -> dequantize round trips of one layer's new K/V tokens.
+
+A token-local spec (per_token or per_group along head_dim) quantizes every
+token independently, so rounding the K/V of a chunk once, at write time,
+gives exactly what `QuantizedLayerCache` reads back -- provided no token is
+kept in full precision (no residual window, sinks or flush blocks). Each
+function here mirrors the quantized cache's write path step by step:
+
+  keys, key_rope='post':  rope -> [Hadamard] -> cast to the cache dtype ->
+                          quantize -> dequantize (float32) -> [Hadamard back]
+  keys, key_rope='pre':   [Hadamard] -> cast -> quantize -> dequantize ->
+                          [Hadamard back] -> rope
+  values:                 [Hadamard] -> cast -> quantize -> dequantize ->
+                          [Hadamard back]
+
+The full-precision choice reproduces `DenseLayerCache` (rope, then a cast to
+the cache dtype). All outputs are float32, [B, T, K, H].
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kvq_jax.cache import hadamard
+from kvq_jax.cache.spec import LayerSpec
+from kvq_jax.models.rope import Rope
+from kvq_jax.quant import QuantSpec, dequantize, quantize
+
+TOKEN_LOCAL = ("per_token", "per_group")
+
+
+def check_emulable(layer: LayerSpec, where: str) -> None:
+  """Raises ValueError unless write-time fake quantization is exact."""
+  for name, spec in (("k", layer.k), ("v", layer.v)):
+    check_token_local(spec, f"{where}.{name}")
+  for name, value in (("residual", layer.residual), ("sink", layer.sink),
+                      ("flush_block - 1", layer.flush_block - 1)):
+    if value:
+      raise ValueError(
+          f"{where}.{name}={value}: the selective (fake-quant) cache quantizes "
+          "every token at write time and cannot emulate full-precision "
+          "residual windows, sinks or flush blocks; allowed: residual=0, "
+          "sink=0, flush_block=1.")
+
+
+def check_token_local(spec: QuantSpec | None, where: str) -> None:
+  if spec is not None and spec.granularity not in TOKEN_LOCAL:
+    raise ValueError(
+        f"{where}.granularity={spec.granularity!r}: the selective "
+        "(fake-quant) cache is exact only for token-local groups; allowed: "
+        f"{', '.join(TOKEN_LOCAL)} (per_channel groups span tokens).")
+
+
+def round_trip(x: jax.Array, spec: QuantSpec | None, dtype,
+               rotate: bool) -> jax.Array:
+  """x rounded to `dtype`, then (if `spec`) quantized and dequantized.
+
+  `rotate`: Hadamard-rotate head_dim before and undo it after (only when
+  `spec` quantizes; a full-precision tensor is never rotated).
+  """
+  x = x.astype(jnp.float32)
+  if spec is None:
+    return x.astype(dtype).astype(jnp.float32)
+  if rotate:
+    x = hadamard.rotate(x)
+  y = dequantize(quantize(x.astype(dtype), spec), jnp.float32)
+  return hadamard.rotate(y) if rotate else y
+
+
+def keys(k_BxTxKxH: jax.Array, positions_BxT: jax.Array, rope: Rope,
+         spec: QuantSpec | None, dtype, key_rope: str,
+         rotate: bool) -> jax.Array:
+  """Post-RoPE keys as the cache would read them back (float32)."""
+  if spec is None or key_rope == "post":
+    return round_trip(rope(k_BxTxKxH, positions_BxT), spec, dtype, rotate)
+  return rope(round_trip(k_BxTxKxH, spec, dtype, rotate), positions_BxT)
+
+
+def values(v_BxTxKxH: jax.Array, spec: QuantSpec | None, dtype,
+           rotate: bool) -> jax.Array:
+  return round_trip(v_BxTxKxH, spec, dtype, rotate)

@@ -1,0 +1,120 @@
+"""The sensitivity table: rows <-> CSV/JSON, matrices and a text summary.
+
+JSON layout (`sensitivity.json`):
+  {"meta": {preset, model, num_layers, head_dim, cache_dtype, fp_bits,
+            base_k, base_v (per-layer short names), formats, config, ...},
+   "baseline": {ppl_baseline, ...}, "timing": {...}, "checks": {...},
+   "rows": [{mode, tensor, layer, k_format, v_format, delta_ppl, kl_mean,
+             top1_agreement, ppl_quant, ppl_quant_stderr}, ...]}
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+
+import numpy as np
+
+from kvq_jax.research.sensitivity import METRICS
+
+CSV_FIELDS = ("mode", "tensor", "layer", "k_format", "v_format") + METRICS
+
+
+def write_csv(path: str | pathlib.Path, rows: list[dict]) -> None:
+  with open(path, "w", newline="", encoding="utf-8") as f:
+    writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+    writer.writeheader()
+    for row in rows:
+      writer.writerow({k: row[k] for k in CSV_FIELDS})
+
+
+def write_json(path: str | pathlib.Path, table: dict) -> None:
+  pathlib.Path(path).write_text(json.dumps(table, indent=2), encoding="utf-8")
+
+
+def load_json(path: str | pathlib.Path) -> dict:
+  table = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+  for key in ("meta", "rows"):
+    if key not in table:
+      raise ValueError(
+          f"sensitivity table {str(path)!r} has no {key!r} entry; allowed: "
+          "the sensitivity.json written by experiments.layer_sensitivity.")
+  return table
+
+
+def only_matrix(rows: list[dict], num_layers: int, metric: str,
+                tensor: str, fmt: str | None = None) -> np.ndarray:
+  """[L] metric of the mode='only' probes of `tensor` (NaN: not measured).
+
+  `fmt` None takes the base preset's probes (the first row per layer).
+  """
+  out = np.full(num_layers, np.nan)
+  for row in rows:
+    if row["mode"] != "only" or row["tensor"] != tensor:
+      continue
+    name = {"K": row["k_format"], "V": row["v_format"]}.get(tensor)
+    if fmt is not None and name != fmt:
+      continue
+    if np.isnan(out[row["layer"]]):
+      out[row["layer"]] = row[metric]
+  return out
+
+
+def all_but_one_vector(rows: list[dict], num_layers: int,
+                       metric: str) -> np.ndarray:
+  out = np.full(num_layers, np.nan)
+  for row in rows:
+    if row["mode"] == "all_but_one":
+      out[row["layer"]] = row[metric]
+  return out
+
+
+def _ranked(values: np.ndarray, count: int, largest: bool) -> str:
+  order = [i for i in np.argsort(values) if not np.isnan(values[i])]
+  if largest:
+    order = order[::-1]
+  return ", ".join(f"L{i} ({values[i]:+.4g})" for i in order[:count])
+
+
+def summary(table: dict, count: int = 3) -> str:
+  """Human-readable findings: ranking, K vs V, additivity, recovery."""
+  meta, rows = table["meta"], table["rows"]
+  n = meta["num_layers"]
+  lines = [f"Layer sensitivity of {meta['preset']} on {meta['model']} "
+           f"({table['baseline']['num_windows']} windows x "
+           f"{table['baseline']['window_len']}, ppl_baseline "
+           f"{table['baseline']['ppl_baseline']:.4f})"]
+  full = next(r for r in rows if r["mode"] == "all")
+  lines.append(f"  all layers quantized: dPPL {full['delta_ppl']:+.4f}, "
+               f"KL {full['kl_mean']:.5f}")
+  for metric in ("delta_ppl", "kl_mean"):
+    kv = only_matrix(rows, n, metric, "KV")
+    if np.all(np.isnan(kv)):
+      continue
+    lines.append(f"  [{metric}] one layer K+V quantized:")
+    lines.append(f"    most sensitive:  {_ranked(kv, count, True)}")
+    lines.append(f"    least sensitive: {_ranked(kv, count, False)}")
+    k, v = only_matrix(rows, n, metric, "K"), only_matrix(rows, n, metric, "V")
+    both = ~np.isnan(k) & ~np.isnan(v)
+    if both.any():
+      lines.append(
+          f"    K vs V: mean K-only {np.mean(k[both]):+.4g}, mean V-only "
+          f"{np.mean(v[both]):+.4g}; K hurts more in "
+          f"{int(np.sum(k[both] > v[both]))}/{int(both.sum())} layers")
+    lines.append(f"    additivity: sum over layers of K+V-only "
+                 f"{np.nansum(kv):+.4g} vs all layers {full[metric]:+.4g}")
+  abo = all_but_one_vector(rows, n, "delta_ppl")
+  if not np.all(np.isnan(abo)):
+    lines.append("  all but one (K+V), keeping this layer full precision "
+                 "leaves the lowest dPPL: " + _ranked(abo, count, False))
+  for name, value in table.get("checks", {}).items():
+    lines.append(f"  check {name}: {value:.3g}")
+  timing = table.get("timing", {})
+  if timing:
+    lines.append(
+        f"  time: compile {timing['compile_s']:.1f} s, sweep "
+        f"{timing['sweep_s']:.1f} s ({timing['num_probes']} probes, "
+        f"{timing['num_forwards']} forwards, {timing['s_per_forward']:.2f} "
+        f"s each; {timing['retraces_during_sweep']} retraces)")
+  return "\n".join(lines)

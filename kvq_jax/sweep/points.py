@@ -1,0 +1,115 @@
+"""Explicitly named sweep points: presets or compact cache descriptions.
+
+`--points` is a comma-separated list; each item is one of
+  * a preset name (`configs/NAME.py`, e.g. `k8v4`, `kivi2`) or a path to a
+    preset file (`.../my_preset.py`): that preset's whole cache spec;
+  * `KSPEC[/VSPEC][:OPT...]`: short specs (`kvq_jax.experiment.short_specs`,
+    e.g. `int4_g32`, `int2_pc32_asym`, `int4_g32_asym_clip0.9`; VSPEC
+    defaults to KSPEC) on top of the base preset's cache settings, with
+    options `pre` / `post` (key_rope), `hadk`, `hadv`, `had` (both), `rN`
+    (residual N tokens), `sN` (sink N tokens).
+A bare name that is both a preset and a short spec is the preset.
+Example: `int4_g32,k8v4,int4_pc32_asym/int4_g32_asym:pre:hadv:r128`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+
+import ml_collections
+
+from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.experiment.config_flag import CONFIG_DIR, resolve_config_path
+from kvq_jax.experiment.settings import settings_from_config
+from kvq_jax.experiment.short_specs import parse_short_spec
+from kvq_jax.sweep.grid import SweepPoint, check_head_dim
+
+_OPTION = re.compile(r"^(?:(?P<flag>pre|post|hadk|hadv|had)|r(?P<r>\d+)|"
+                     r"s(?P<s>\d+))$")
+
+
+def load_preset(name_or_path: str) -> ml_collections.ConfigDict:
+  """A preset's `get_config()`: a name in configs/ or a path to a .py file."""
+  path = resolve_config_path(name_or_path)
+  module_spec = importlib.util.spec_from_file_location("_kvq_preset", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def _preset_spec(name_or_path: str) -> CacheSpec | None:
+  settings = settings_from_config(load_preset(name_or_path))
+  return settings.cache_spec if settings.quantize else None
+
+
+def _is_preset(item: str) -> bool:
+  if item.endswith(".py"):
+    return True
+  return ":" not in item and "/" not in item and (
+      CONFIG_DIR / f"{item}.py").is_file()
+
+
+def parse_point(item: str, base: CacheSpec | None) -> SweepPoint:
+  """One `--points` item -> SweepPoint (ValueError naming the item)."""
+  item = item.strip()
+  if not item:
+    raise ValueError("--points: empty item (two commas in a row?).")
+  if _is_preset(item):
+    spec = _preset_spec(item)
+    if spec is None:
+      raise ValueError(f"--points item {item!r}: the preset has no quantized "
+                       "cache (the baseline is always evaluated).")
+    name = item.rsplit("/", 1)[-1].removesuffix(".py")
+    return SweepPoint(name, spec, source="point")
+  formats, *options = item.split(":")
+  k_text, _, v_text = formats.partition("/")
+  try:
+    k = parse_short_spec(k_text)
+    v = parse_short_spec(v_text) if v_text else k
+  except ValueError as e:
+    raise ValueError(f"--points item {item!r}: {e}") from e
+  changes = {"k": k, "v": v, "layer_overrides": (), "flush_block": None}
+  for option in options:
+    match = _OPTION.match(option)
+    if not match:
+      raise ValueError(
+          f"--points item {item!r}: option {option!r} is not understood; "
+          "allowed: pre, post, hadk, hadv, had, rN (residual), sN (sink).")
+    flag = match["flag"]
+    if flag in ("pre", "post"):
+      changes["key_rope"] = flag
+    elif flag == "hadk":
+      changes["hadamard_k"] = True
+    elif flag == "hadv":
+      changes["hadamard_v"] = True
+    elif flag == "had":
+      changes["hadamard_k"] = changes["hadamard_v"] = True
+    elif match["r"]:
+      changes["residual"] = int(match["r"])
+    else:
+      changes["sink"] = int(match["s"])
+  try:
+    spec = dataclasses.replace(base if base is not None else CacheSpec(),
+                               **changes)
+  except ValueError as e:
+    raise ValueError(f"--points item {item!r}: {e}") from e
+  return SweepPoint(item, spec, source="point")
+
+
+def parse_points(text: str | list[str] | None, base: CacheSpec | None, *,
+                 head_dim: int, num_layers: int) -> list[SweepPoint]:
+  """Every item of `--points` (a comma-separated string or a list)."""
+  if not text:
+    return []
+  items = text.split(",") if isinstance(text, str) else list(text)
+  points = []
+  for item in items:
+    point = parse_point(item, base)
+    try:
+      check_head_dim(point.spec, head_dim, num_layers)
+    except ValueError as e:
+      raise ValueError(f"--points item {item!r}: {e}") from e
+    points.append(point)
+  return points

@@ -1,0 +1,142 @@
+"""`experiments.sweep`'s library call: evaluate many cache specs at once.
+
+One `evaluate_many` pass: per batch of windows the baseline forward runs once
+and every point's quantized forward is compared against it. Writes
+workdir/sweep.csv (every point, skipped ones with their reason),
+workdir/pareto.png and workdir/config.json (the resolved base config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pathlib
+from typing import Sequence
+
+import jax.numpy as jnp
+import ml_collections
+from absl import logging
+
+from kvq_jax.eval.corpus import load_eval_text
+from kvq_jax.eval.evaluate import evaluate_many
+from kvq_jax.eval.windows import make_windows, scored_mask
+from kvq_jax.experiment import memory
+from kvq_jax.experiment.progress import ProgressBar
+from kvq_jax.experiment.settings import settings_from_config
+from kvq_jax.facade import load_model, window_forward
+from kvq_jax.sweep.grid import Skipped, SweepPoint, expand_grid
+from kvq_jax.sweep.pareto import pareto_front
+from kvq_jax.sweep.plot import pareto_plot
+from kvq_jax.sweep.points import parse_points
+from kvq_jax.sweep.table import write_csv
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRequest:
+  """The grid axes and named points of one sweep (see `expand_grid`)."""
+
+  formats: Sequence[str] = ("int8", "int4", "int2")
+  group_sizes: Sequence[int] = (32,)
+  schemes: Sequence[str] = ("sym", "asym")
+  residuals: Sequence[int] = (0,)
+  points: str | Sequence[str] | None = None
+
+
+def _unique(points: list[SweepPoint]) -> list[SweepPoint]:
+  """Drops later points whose spec equals an earlier one (same forward)."""
+  seen, out = set(), []
+  for p in points:
+    if p.spec in seen:
+      logging.info("sweep: %s duplicates an earlier point; evaluated once.",
+                   p.name)
+      continue
+    seen.add(p.spec)
+    out.append(p)
+  return out
+
+
+def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
+              request: SweepRequest, eval_data: str | None = None,
+              model: str | None = None) -> list[dict]:
+  """Evaluates every valid point; returns the CSV rows (also written)."""
+  settings = settings_from_config(config)
+  lm = load_model(model or settings.model, settings.dtype)
+  cfg = lm.config
+  base = settings.cache_spec
+  grid, skipped = expand_grid(base, request.formats, request.group_sizes,
+                              request.schemes, request.residuals,
+                              head_dim=cfg.head_dim, num_layers=cfg.num_layers)
+  for s in skipped:
+    logging.warning("sweep: skipping %s: %s", s.name, s.reason)
+  named = parse_points(request.points, base, head_dim=cfg.head_dim,
+                       num_layers=cfg.num_layers)
+  points = _unique(grid + named)
+  if not points:
+    raise ValueError("sweep: no valid point to evaluate (every grid "
+                     "combination was skipped and --points is empty).")
+  if lm.tokenizer is None:
+    raise ValueError("sweep: the model has no tokenizer.")
+  text, _ = load_eval_text(eval_data)
+  windows = make_windows(lm.tokenizer.encode(text), settings.eval.window_len,
+                         settings.eval.num_windows)
+  mask = scored_mask(settings.eval.window_len, settings.eval.scoring)
+  logging.info("sweep: %d points, %d skipped, %d windows of %d", len(points),
+               len(skipped), *windows.shape)
+  cache_dtype = settings.cache_dtype
+  quants = {p.name: window_forward(lm, p.spec, cache_dtype) for p in points}
+  results = evaluate_many(windows, mask, window_forward(lm), quants,
+                          batch_size=settings.eval.batch_size,
+                          progress=ProgressBar("sweep"))
+  rows = []
+  for p in points:
+    r = results[p.name]
+    per_token, fixed = memory.cache_bytes(cfg, p.spec, jnp.dtype(cache_dtype))
+    rows.append({
+        "name": p.name, "source": p.source, "status": "ok",
+        "bits_per_element": memory.theoretical_bits(cfg, p.spec,
+                                                    jnp.dtype(cache_dtype)),
+        "bytes_per_token": per_token, "fixed_bytes_per_sequence": fixed,
+        "ppl": r.quant.ppl, "ppl_baseline": r.baseline.ppl,
+        "delta_ppl": r.quant.ppl - r.baseline.ppl, "kl_mean": r.kl_mean,
+        "top1_agreement": r.top1_agreement, "num_windows": r.num_windows,
+        "window_len": r.window_len, "num_scored_tokens": r.num_scored_tokens})
+  front = pareto_front([r["bits_per_element"] for r in rows],
+                       [r["delta_ppl"] for r in rows])
+  for row, on_front in zip(rows, front):
+    row["pareto"] = bool(on_front)
+  rows += [skipped_row(s) for s in skipped]
+  out = pathlib.Path(workdir)
+  out.mkdir(parents=True, exist_ok=True)
+  write_csv(out / "sweep.csv", rows)
+  baseline_ppl = rows[0]["ppl_baseline"]
+  pareto_plot(rows, out / "pareto.png", title=(
+      f"{model or settings.model}: {windows.shape[0]} windows of "
+      f"{windows.shape[1]}, {settings.eval.scoring} scoring; baseline PPL "
+      f"{baseline_ppl:.3f}"))
+  resolved = config.copy_and_resolve_references()
+  resolved.model = model or settings.model
+  (out / "config.json").write_text(resolved.to_json_best_effort(indent=2))
+  _log_table(rows)
+  return rows
+
+
+def skipped_row(s: Skipped) -> dict:
+  return {"name": s.name, "source": "grid", "status": f"skipped: {s.reason}",
+          "pareto": False}
+
+
+def _log_table(rows: list[dict]) -> None:
+  lines = [f"{'name':40s} {'bits':>6s} {'ppl':>9s} {'dPPL':>9s} {'KL':>8s} "
+           f"{'top1':>6s} front"]
+  for r in rows:
+    if r["status"] != "ok":
+      continue
+    lines.append(
+        f"{r['name']:40s} {r['bits_per_element']:6.2f} {r['ppl']:9.3f} "
+        f"{r['delta_ppl']:+9.3f} {r['kl_mean']:8.4f} "
+        f"{r['top1_agreement']:6.3f} {'*' if r['pareto'] else ''}")
+  print("\n".join(lines))
+  if any(not math.isfinite(r.get("ppl") or 0.0) for r in rows
+         if r["status"] == "ok"):
+    logging.warning("sweep: some points have non-finite perplexity.")

@@ -1,0 +1,49 @@
+"""Real SmolLM2-135M: prefill and token-by-token decode give the same NLL."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvq_jax
+from kvq_jax.cache.factory import init_cache
+from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.models.runtime import Runtime
+from kvq_jax.quant import QuantSpec
+
+from tests.cache import tiny_setup as ts
+
+pytestmark = pytest.mark.slow
+
+TEXT = ("The tower is 324 metres tall, about the same height as an 81-storey "
+        "building, and the tallest structure in Paris. Its base is square, "
+        "measuring 125 metres on each side. During its construction, the "
+        "Eiffel Tower surpassed the Washington Monument.")
+SPECS = {
+    "int4_g32": CacheSpec(k=QuantSpec("int4", "symmetric", "per_group", 32),
+                          v=QuantSpec("int4", "symmetric", "per_group", 32),
+                          block_size=32),
+    "kivi2_r8": CacheSpec(k=QuantSpec("int2", "asymmetric", "per_channel", 32),
+                          v=QuantSpec("int2", "asymmetric", "per_group", 32),
+                          residual=8, block_size=32),
+}
+
+
+@pytest.fixture(scope="module", name="setup")
+def _setup():
+  model = kvq_jax.load_model("smollm2-135m")
+  ids = np.asarray([model.tokenizer.encode(TEXT)[:40]], np.int32)
+  assert ids.shape == (1, 40)
+  return model, Runtime(model.decoder), ids
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_prefill_and_decode_nll_agree(setup, name):
+  model, rt, ids = setup
+  spec = SPECS[name]
+  fresh = lambda: init_cache(model.config, 1, 64, spec)
+  prefill, _ = ts.run_chunks(rt, fresh(), ids, (40,))
+  decode, _ = ts.run_chunks(rt, fresh(), ids, (1,) * 40)
+  nll_p, nll_d = ts.nll(prefill, ids), ts.nll(decode, ids)
+  np.testing.assert_allclose(nll_d, nll_p, atol=1e-3, rtol=0)
+  assert 1.0 < nll_p.mean() < 8.0, nll_p.mean()  # Real text, real model.

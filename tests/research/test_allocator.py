@@ -1,0 +1,135 @@
+"""The allocator on synthetic tables, and its preset through the settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvq_jax.experiment import config_flag
+from kvq_jax.experiment.settings import settings_from_config
+from kvq_jax.experiment.short_specs import parse_short_spec
+from kvq_jax.research import allocator, preset_writer
+
+H, FP = 64, 32
+FORMATS = ("int8", "int4_g32", "int2_g32_asym")
+BITS = {"fp": 32.0, "int8": 8.25, "int4_g32": 4.5, "int2_g32_asym": 3.0}
+
+
+def synthetic(num_layers: int, sensitive: set[int]) -> dict:
+  """Damage grows as bits shrink; `sensitive` layers are 100x worse."""
+  base = {"int8": 0.001, "int4_g32": 0.01, "int2_g32_asym": 0.1}
+  return {(t, i, f): base[f] * (100.0 if i in sensitive else 1.0)
+          for t in ("K", "V") for i in range(num_layers) for f in FORMATS}
+
+
+def mean_bits(a: allocator.Allocation) -> float:
+  formats = a.k_formats + a.v_formats
+  return sum(BITS[f] for f in formats) / len(formats)
+
+
+def test_format_bits():
+  assert allocator.format_bits("int8", H, FP) == 8.25  # per_token over H.
+  assert allocator.format_bits("int4_g32", H, FP) == 4.5
+  assert allocator.format_bits("int2_g32_asym", H, FP) == 3.0
+  assert allocator.format_bits("fp", H, FP) == 32.0
+
+
+@pytest.mark.parametrize("budget", [3.0, 3.4, 4.5, 5.0, 6.3, 8.25, 12.0])
+def test_meets_the_budget(budget):
+  candidates = ("fp",) + FORMATS
+  a = allocator.allocate(synthetic(6, {1}), 6, candidates, candidates,
+                         budget, head_dim=H, fp_bits=FP)
+  assert a.mean_bits == pytest.approx(mean_bits(a))
+  assert a.mean_bits <= budget + 1e-12
+  assert len(a.k_formats) == len(a.v_formats) == 6
+
+
+def test_exact_optimum_against_brute_force():
+  import itertools
+  damage = synthetic(2, {0})
+  damage[("V", 1, "int4_g32")] = 0.5  # An irregular tensor.
+  cands = ("fp",) + FORMATS
+  best = None
+  for combo in itertools.product(cands, repeat=4):
+    bits = sum(BITS[f] for f in combo) / 4
+    if bits > 7.0:
+      continue
+    d = sum(0.0 if f == "fp" else damage[(t, i, f)]
+            for (t, i), f in zip([("K", 0), ("K", 1), ("V", 0), ("V", 1)],
+                                 combo))
+    best = d if best is None else min(best, d)
+  a = allocator.allocate(damage, 2, cands, cands, 7.0, head_dim=H,
+                         fp_bits=FP)
+  assert a.predicted_damage == pytest.approx(best)
+
+
+def test_prefers_cheap_formats_on_insensitive_layers():
+  a = allocator.allocate(synthetic(8, {2, 5}), 8, FORMATS, FORMATS, 4.5,
+                         head_dim=H, fp_bits=FP)
+  for layer in (2, 5):
+    assert a.k_formats[layer] == "int8" and a.v_formats[layer] == "int8"
+  cheap = [f for i, f in enumerate(a.k_formats + a.v_formats)
+           if i % 8 not in (2, 5)]
+  assert "int2_g32_asym" in cheap and "int8" not in cheap
+
+
+def test_ties_take_the_cheapest():
+  damage = {(t, i, f): 0.0 for t in ("K", "V") for i in range(3)
+            for f in FORMATS}
+  a = allocator.allocate(damage, 3, ("fp",) + FORMATS, ("fp",) + FORMATS,
+                         32.0, head_dim=H, fp_bits=FP)
+  assert set(a.k_formats + a.v_formats) == {"int2_g32_asym"}
+
+
+def test_errors():
+  damage = synthetic(2, set())
+  with pytest.raises(ValueError, match="below the cheapest"):
+    allocator.allocate(damage, 2, FORMATS, FORMATS, 2.9, head_dim=H,
+                       fp_bits=FP)
+  with pytest.raises(ValueError, match="int4_g32_asym"):
+    allocator.allocate(damage, 2, ("int4_g32_asym",), FORMATS, 8.0,
+                       head_dim=H, fp_bits=FP)
+  with pytest.raises(ValueError, match="metric"):
+    allocator.damage_table({"rows": []}, "ppl")
+
+
+def test_damage_table_reads_only_rows():
+  rows = [
+      {"mode": "only", "tensor": "K", "layer": 0, "k_format": "int8",
+       "v_format": "fp", "delta_ppl": 0.1, "kl_mean": 0.01},
+      {"mode": "only", "tensor": "V", "layer": 0, "k_format": "fp",
+       "v_format": "int8", "delta_ppl": 0.2, "kl_mean": 0.02},
+      {"mode": "only", "tensor": "KV", "layer": 0, "k_format": "int8",
+       "v_format": "int8", "delta_ppl": 0.3, "kl_mean": 0.03},
+      {"mode": "all_but_one", "tensor": "KV", "layer": 0, "k_format": "base",
+       "v_format": "base", "delta_ppl": 0.4, "kl_mean": 0.04},
+  ]
+  assert allocator.damage_table({"rows": rows}, "kl_mean") == {
+      ("K", 0, "int8"): 0.01, ("V", 0, "int8"): 0.02}
+
+
+def test_written_preset_loads_through_the_settings(tmp_path):
+  a = allocator.allocate(synthetic(4, {3}), 4, ("fp",) + FORMATS,
+                         ("fp",) + FORMATS, 5.0, head_dim=H, fp_bits=FP)
+  config = config_flag._PresetParser(name="config").parse("int4_g32")  # pylint: disable=protected-access
+  table = {"meta": {"preset": "int4_g32", "model": "smollm2-135m",
+                    "config": config.to_dict()},
+           "baseline": {"num_windows": 4, "window_len": 512,
+                        "ppl_baseline": 10.0}}
+  path = preset_writer.write_preset(tmp_path / "allocated_5.py", a, table,
+                                    "sensitivity.json")
+  source = path.read_text()
+  assert f"{a.predicted_damage:+.6g}" in source
+  assert "python -m experiments.run --config=" in source
+  loaded = config_flag._PresetParser(name="config").parse(str(path))  # pylint: disable=protected-access
+  spec = settings_from_config(loaded).cache_spec
+  for i in range(4):
+    layer = spec.layer(i)
+    for got, want in ((layer.k, a.k_formats[i]), (layer.v, a.v_formats[i])):
+      expected = parse_short_spec(want)
+      assert (got is None) == (expected is None)
+      if expected is not None:
+        assert got.format == expected.format
+        assert got.scheme == expected.scheme
+        assert got.granularity == expected.granularity
+        assert got.group_size == expected.group_size
+  assert loaded.eval.num_windows == config.eval.num_windows

@@ -1,0 +1,126 @@
+"""SelectiveLayerCache: exact against the real caches, choices as data."""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.facade import _window_forward
+from kvq_jax.models.params import decoder_from_params, random_params
+from kvq_jax.quant import QuantSpec
+from kvq_jax.research.selective_cache import (SelectiveLayerCache,
+                                              SelectiveSpec, layer_specs)
+from kvq_jax.research.selective_forward import SelectiveForward
+from tests.models.tiny import TINY
+
+from flax import nnx
+
+CONFIG = TINY  # 2 layers, K=2 kv heads, H=16.
+INT4_G8 = QuantSpec("int4", "symmetric", "per_group", 8)
+INT2_G8_ASYM = QuantSpec("int2", "asymmetric", "per_group", 8)
+INT8 = QuantSpec("int8", "symmetric", "per_token")
+T = 24
+OFF = [0, 0]
+
+# Layer 1 overrides the format, so per-layer candidates differ.
+POST = CacheSpec(k=INT4_G8, v=INT4_G8, layer_overrides=((1, None, INT8),))
+PRE = CacheSpec(k=INT4_G8, v=INT2_G8_ASYM, key_rope="pre", hadamard_k=True,
+                hadamard_v=True)
+
+
+@functools.lru_cache(maxsize=None)
+def decoder():
+  return decoder_from_params(CONFIG, random_params(CONFIG, seed=3, scale=0.2))
+
+
+@functools.lru_cache(maxsize=None)
+def forward(name: str) -> SelectiveForward:
+  """Choice 1: the preset's own format; 2: int8 K / int2_g8_asym V."""
+  spec = {"post": POST, "pre": PRE}[name]
+  return SelectiveForward(decoder(), layer_specs(
+      CONFIG, spec, extra_k=(INT8,), extra_v=(INT2_G8_ASYM,)))
+
+
+def tokens(batch=2, seed=0):
+  return np.random.default_rng(seed).integers(
+      0, CONFIG.vocab_size, (batch, T)).astype(np.int32)
+
+
+def real_logits(spec: CacheSpec | None, ids):
+  graphdef, state = nnx.split(decoder())
+  return np.asarray(_window_forward(graphdef, spec, "float32")(state, ids))
+
+
+@pytest.mark.parametrize("name, choice, real", [
+    ("post", 1, POST),
+    ("pre", 1, PRE),
+])
+def test_all_choices_on_match_the_real_quantized_cache(name, choice, real):
+  ids = tokens()
+  got = np.asarray(forward(name)(ids, [choice] * 2, [choice] * 2))
+  want = real_logits(real, ids)
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+  base = real_logits(None, ids)
+  assert np.abs(want - base).max() > 1e-2  # The quantization is visible.
+
+
+def test_all_choices_off_match_the_dense_cache():
+  ids = tokens()
+  for name in ("post", "pre"):
+    got = np.asarray(forward(name)(ids, OFF, OFF))
+    np.testing.assert_allclose(got, real_logits(None, ids), atol=1e-5,
+                               rtol=0)
+
+
+def test_one_layer_on_changes_only_that_layer_and_later():
+  ids = tokens()
+  _, off = forward("post").with_cache(ids, OFF, OFF)
+  for layer in range(CONFIG.num_layers):
+    choice = [int(i == layer) for i in range(CONFIG.num_layers)]
+    _, on = forward("post").with_cache(ids, choice, choice)
+    for i in range(CONFIG.num_layers):
+      same = all(np.array_equal(np.asarray(getattr(on[i], field)),
+                                np.asarray(getattr(off[i], field)))
+                 for field in ("k_BxSxKxH", "v_BxSxKxH"))
+      assert same == (i < layer), (layer, i)
+
+
+def test_sweep_does_not_recompile():
+  ids = tokens()
+  fwd = forward("post")
+  fwd(ids, OFF, OFF)
+  traces = fwd.num_traces
+  outs = []
+  for layer in range(CONFIG.num_layers):
+    for choice in (1, 2):
+      k = [choice if i == layer else 0 for i in range(CONFIG.num_layers)]
+      outs.append(np.asarray(fwd(ids, k, OFF)))
+      outs.append(np.asarray(fwd(ids, OFF, k)))
+      outs.append(np.asarray(fwd(ids, k, k)))
+  assert fwd.num_traces == traces
+  assert len({o.tobytes() for o in outs}) == len(outs)  # All distinct.
+  fwd(tokens(batch=1), [1, 1], [1, 1])  # A new batch shape traces.
+  assert fwd.num_traces == traces + 1
+
+
+@pytest.mark.parametrize("spec, field", [
+    (CacheSpec(k=QuantSpec("int2", "asymmetric", "per_channel", 8),
+               v=INT4_G8), "granularity"),
+    (CacheSpec(k=INT4_G8, v=INT4_G8, residual=4), "residual"),
+    (CacheSpec(k=INT4_G8, v=INT4_G8, sink=2), "sink"),
+])
+def test_unemulable_specs_raise(spec, field):
+  with pytest.raises(ValueError, match=field):
+    layer_specs(CONFIG, spec)
+
+
+def test_bad_choice_raises():
+  spec = SelectiveSpec(k_formats=(INT4_G8,), v_formats=(INT4_G8,))
+  with pytest.raises(ValueError, match="k_choice=2"):
+    SelectiveLayerCache.create(spec, 1, 8, 2, 16, k_choice=2)
+  with pytest.raises(ValueError, match="v_choice_L"):
+    forward("post")(tokens(), OFF, [0, 5])

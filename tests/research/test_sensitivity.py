@@ -1,0 +1,104 @@
+"""The sensitivity sweep end to end on the tiny HF checkpoint."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from kvq_jax.experiment import config_flag
+from kvq_jax.research import sensitivity_table
+from kvq_jax.research.sensitivity import check_formats, plan_probes
+from kvq_jax.research.sensitivity_runner import OUTPUTS, run_layer_sensitivity
+from tests.experiment import tiny_hf_model
+
+L = tiny_hf_model.L
+
+
+def small(preset: str):
+  config = config_flag._PresetParser(name="config").parse(preset)  # pylint: disable=protected-access
+  config.eval.window_len = 32
+  config.eval.num_windows = 2
+  return config
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+  root = tmp_path_factory.mktemp("sensitivity")
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv("KVQ_JAX_CACHE", str(root / "cache"))
+    model = str(tiny_hf_model.write_tiny_model(root / "model"))
+    text = str(tiny_hf_model.write_eval_text(root / "eval.txt"))
+    table = run_layer_sensitivity(
+        small("int4_g32"), str(root / "out"), eval_data=text, model=model,
+        name="int4_g32", formats=["int8", "int2_g32_asym"])
+    yield {"root": root, "table": table, "workdir": root / "out",
+           "model": model, "text": text}
+
+
+def test_plan_counts_and_choices():
+  probes = plan_probes(["int4_g32"] * 3, ["int4_g32", "fp", "int4_g32"],
+                       ["int8", "int4_g32"])
+  modes = [p.mode for p in probes]
+  assert modes.count("all") == 1 and modes.count("all_but_one") == 3
+  # Base: K 3, V 2 (layer 1 V is fp), KV 2; int8: K 3 + V 3 (layer 1 V
+  # int8 differs from fp); int4_g32 repeats the base except V of layer 1.
+  assert modes.count("only") == 3 + 2 + 2 + 6 + 1
+  int8_k1 = next(p for p in probes if p.tensor == "K" and p.layer == 1
+                 and p.k_format == "int8")
+  assert int8_k1.k_choice_L == (0, 2, 0) and int8_k1.v_choice_L == (0, 0, 0)
+  assert len({p.name for p in probes}) == len(probes)
+
+
+def test_check_formats_rejects_channel_and_fp():
+  assert check_formats(["int4_g32", "int8"]) == ("int4_g32", "int8")
+  with pytest.raises(ValueError, match="per_channel"):
+    check_formats(["int2_pc32_asym"])
+  with pytest.raises(ValueError, match="full precision"):
+    check_formats(["fp"])
+
+
+def test_outputs_written(sweep):
+  workdir = sweep["workdir"]
+  for name in OUTPUTS:
+    assert (workdir / name).stat().st_size > 0, name
+  assert (workdir / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  table = json.loads((workdir / "sensitivity.json").read_text())
+  assert table == json.loads(json.dumps(sweep["table"]))
+  with open(workdir / "sensitivity.csv", encoding="utf-8") as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == len(table["rows"])
+  # 1 all + L*(K, V, KV) + L all-but-one + 2 formats * L * (K, V).
+  assert len(rows) == 1 + 3 * L + L + 2 * 2 * L
+  assert "most sensitive" in (workdir / "summary.txt").read_text()
+
+
+def test_one_compile_and_the_real_cache_agrees(sweep):
+  table = sweep["table"]
+  assert table["timing"]["retraces_during_sweep"] == 0
+  checks = table["checks"]
+  assert checks["max_abs_logit_diff_vs_real_cache"] < 1e-4
+  assert checks["delta_ppl_real_cache"] == pytest.approx(
+      checks["delta_ppl_selective_all"], abs=1e-4)
+  assert checks["kl_mean_real_cache"] > 0
+
+
+def test_rows_are_ordered_by_damage(sweep):
+  table = sweep["table"]
+  meta = table["meta"]
+  assert meta["formats"] == ["int2_g32_asym", "int4_g32", "int8"]
+  assert meta["fp_bits"] == 32 and meta["head_dim"] == tiny_hf_model.H
+  kl = {}
+  for row in table["rows"]:
+    assert row["kl_mean"] >= 0 and 0 <= row["top1_agreement"] <= 1
+    if row["mode"] == "only" and row["tensor"] in ("K", "V"):
+      fmt = row["k_format"] if row["tensor"] == "K" else row["v_format"]
+      kl[(row["tensor"], row["layer"], fmt)] = row["kl_mean"]
+  # Fewer bits, more damage, for every tensor of the random tiny model.
+  for tensor in ("K", "V"):
+    for layer in range(L):
+      assert (kl[(tensor, layer, "int8")] < kl[(tensor, layer, "int4_g32")]
+              < kl[(tensor, layer, "int2_g32_asym")])
+  kv = sensitivity_table.only_matrix(table["rows"], L, "kl_mean", "KV")
+  assert (kv > 0).all()

@@ -1,0 +1,87 @@
+"""Grid expansion, invalid-combination skipping and named points."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.quant import QuantSpec
+from kvq_jax.sweep.grid import expand_grid, point_name
+from kvq_jax.sweep.points import parse_points
+
+
+def test_grid_expands_every_valid_combination_in_order():
+  points, skipped = expand_grid(None, ["int8", "int4"], [0, 32],
+                                ["sym", "asym"], [0, 64], head_dim=64,
+                                num_layers=2)
+  assert not skipped
+  assert len(points) == 2 * 2 * 2 * 2
+  first = points[0].spec
+  assert first.k == first.v == QuantSpec("int8", "symmetric", "per_token")
+  assert first.residual == 0 and points[1].spec.residual == 64
+  assert [p.name for p in points[:4]] == [
+      "int8", "int8:r64", "int8_asym", "int8_asym:r64"]
+  assert points[4].name == "int8_g32"
+
+
+def test_invalid_combinations_are_skipped_with_the_reason():
+  points, skipped = expand_grid(None, ["fp8_e4m3", "int3", "int4"], [32, 48],
+                                ["sym", "asym"], [0], head_dim=32,
+                                num_layers=1)
+  reasons = {s.name: s.reason for s in skipped}
+  assert "fp8" in reasons["fp8_e4m3_g32_asym"]
+  assert "symmetric" in reasons["fp8_e4m3_g32_asym"]
+  assert "group_size=48" in reasons["int4_g48_sym"]
+  names = sorted(p.name for p in points)
+  assert names == ["fp8_e4m3_g32", "int3_g32", "int3_g32_asym", "int4_g32",
+                   "int4_g32_asym"]
+  # int3 packs 8 codes together: head_dim 36 cannot hold per-token int3.
+  _, skipped = expand_grid(None, ["int3"], [0], ["sym"], [0], head_dim=36,
+                           num_layers=1)
+  assert "packs 8" in skipped[0].reason
+
+
+def test_grid_keeps_the_base_cache_settings():
+  base = CacheSpec(k=QuantSpec("int8", granularity="per_token"),
+                   v=QuantSpec("int8", granularity="per_token"),
+                   key_rope="pre", hadamard_v=True)
+  (point,), _ = expand_grid(base, ["int4"], [32], ["sym"], [0], head_dim=64,
+                            num_layers=2)
+  assert point.spec.key_rope == "pre" and point.spec.hadamard_v
+  assert point.spec.k.format == "int4"
+
+
+@pytest.mark.parametrize("flag,value", [("formats", "int5"),
+                                        ("schemes", "both")])
+def test_unknown_axis_values_raise(flag, value):
+  kwargs = dict(formats=["int4"], group_sizes=[32], schemes=["sym"],
+                residuals=[0])
+  kwargs[flag] = [value]
+  with pytest.raises(ValueError, match=f"--{flag}"):
+    expand_grid(None, head_dim=64, num_layers=1, **kwargs)
+
+
+def test_named_points_presets_and_compact_syntax():
+  points = parse_points(
+      "k8v4,int4_pc32_asym/int4_g32_asym:pre:hadv:r128,int2_g32_asym_clip0.9",
+      None, head_dim=64, num_layers=2)
+  assert [p.source for p in points] == ["point"] * 3
+  k8v4 = points[0].spec
+  assert (k8v4.k.format, k8v4.v.format) == ("int8", "int4")
+  kivi = points[1].spec
+  assert kivi.k.granularity == "per_channel" and kivi.v.group_size == 32
+  assert kivi.key_rope == "pre" and kivi.hadamard_v and not kivi.hadamard_k
+  assert kivi.residual == 128 and kivi.flush_block == 32
+  assert points[2].spec.k.clip_ratio == 0.9
+  assert point_name(points[2].spec) == "int2_g32_asym_clip0.9"
+
+
+@pytest.mark.parametrize("text,match", [
+    ("int4_g32:wat", "option 'wat'"),
+    ("int9", "not understood"),
+    ("baseline", "no quantized cache"),
+    ("int4_g48", "group_size=48"),
+])
+def test_bad_points_raise_naming_the_item(text, match):
+  with pytest.raises(ValueError, match=match):
+    parse_points(text, None, head_dim=64, num_layers=1)

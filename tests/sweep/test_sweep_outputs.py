@@ -1,0 +1,73 @@
+"""CSV and PNG outputs, and one tiny end-to-end sweep."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kvq_jax.experiment import config_flag
+from kvq_jax.sweep import reference
+from kvq_jax.sweep.plot import pareto_plot
+from kvq_jax.sweep.runner import SweepRequest, run_sweep
+from kvq_jax.sweep.table import read_csv, write_csv
+from tests.experiment import tiny_hf_model
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_csv_round_trip_and_png(tmp_path):
+  rows = [
+      {"name": "int4_g32", "source": "grid", "status": "ok",
+       "bits_per_element": 4.5, "delta_ppl": 0.3, "ppl": 24.0, "pareto": True,
+       "num_windows": 4},
+      {"name": "k8v4", "source": "point", "status": "ok",
+       "bits_per_element": 6.5, "delta_ppl": 0.5, "ppl": 24.2,
+       "pareto": False, "num_windows": 4},
+      {"name": "fp8_e4m3_g32_asym", "source": "grid",
+       "status": "skipped: fp8 is symmetric", "pareto": False},
+  ]
+  write_csv(tmp_path / "s.csv", rows)
+  back = read_csv(tmp_path / "s.csv")
+  assert [r["name"] for r in back] == [r["name"] for r in rows]
+  assert back[0]["bits_per_element"] == 4.5 and back[0]["pareto"] is True
+  assert back[0]["num_windows"] == 4 and back[2]["ppl"] is None
+  pareto_plot(back, tmp_path / "p.png")
+  assert (tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_llama_cpp_reference_is_relative_to_its_f16():
+  f16 = reference.LLAMA_CPP_POINTS[0]
+  assert reference.llama_cpp_delta_ppl(f16) == 0.0
+  q4_0 = [p for p in reference.LLAMA_CPP_POINTS if p.name == "q4_0"][0]
+  assert q4_0.bits_per_element == 4.5
+  assert reference.llama_cpp_delta_ppl(q4_0) == pytest.approx(4.227)
+
+
+def test_tiny_end_to_end_sweep(tmp_path, monkeypatch):
+  monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path / "cache"))
+  model = tiny_hf_model.write_tiny_model(tmp_path / "model")
+  text = tiny_hf_model.write_eval_text(tmp_path / "eval.txt")
+  config = config_flag._PresetParser(name="config").parse("int4_g32")  # pylint: disable=protected-access
+  config.eval.window_len, config.eval.num_windows = 16, 1
+  rows = run_sweep(
+      config, tmp_path / "out",
+      SweepRequest(formats=("int2", "fp8_e5m2"), group_sizes=(32,),
+                   schemes=("asym",), residuals=(0,), points="k8v4"),
+      eval_data=str(text), model=str(model))
+  by_name = {r["name"]: r for r in rows}
+  assert by_name["fp8_e5m2_g32_asym"]["status"].startswith("skipped")
+  ok = [r for r in rows if r["status"] == "ok"]
+  assert sorted(r["name"] for r in ok) == ["int2_g32_asym", "k8v4"]
+  int2 = by_name["int2_g32_asym"]
+  assert int2["bits_per_element"] == 2 + 32 / 32  # bf16 scale + zero.
+  assert int2["bytes_per_token"] == 2 * 2 * 32 * 3 / 8
+  for r in ok:
+    assert math.isfinite(r["ppl"]) and r["kl_mean"] >= 0
+    assert r["delta_ppl"] == pytest.approx(r["ppl"] - r["ppl_baseline"])
+  # One baseline for all points.
+  assert ok[0]["ppl_baseline"] == ok[1]["ppl_baseline"]
+  assert any(r["pareto"] for r in ok)
+  assert read_csv(tmp_path / "out" / "sweep.csv")[0]["name"] == ok[0]["name"]
+  png = (tmp_path / "out" / "pareto.png").read_bytes()
+  assert png[:8] == PNG_MAGIC
