@@ -3,10 +3,11 @@
 Each (cache kind, context) pair gets a cache of exactly `context` slots whose
 lengths start at `context - repeats - 1`, so every timed step attends over
 (almost) `context` tokens and the quantized storage is not padded by an extra
-block (contents are zeros: a decode step's cost does not depend on them). The jitted decode step of `models.runtime` is
-lowered and compiled once; `memory_analysis()` of that executable gives the
-XLA temporaries, and the same executable is timed (median of `repeats`
-steps, the cache threaded through because it is donated).
+block (contents are zeros: a decode step's cost does not depend on them).
+The jitted decode step of `models.runtime` is lowered and compiled once;
+`memory_analysis()` of that executable gives the XLA temporaries, and the
+same executable is timed (median of `repeats` steps, the cache threaded
+through because it is donated).
 """
 
 from __future__ import annotations

