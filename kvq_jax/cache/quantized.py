@@ -38,6 +38,8 @@ which is what pre-RoPE keys are rotated with at read time.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -186,7 +188,7 @@ class QuantizedLayerCache:
     spec = self.spec
     t = k_new_BxKxTxH.shape[2]
     w, s = spec.window, spec.sink
-    g = max(_group(spec.k), _group(spec.v))
+    g = math.lcm(_group(spec.k), _group(spec.v))
     size_e = _round_up(w + t, g)  # E tokens [Qs, Qs + size_e).
 
     def one(k_store, v_store, win_k, win_v, sink_k, sink_v, n0, k_new, v_new):
