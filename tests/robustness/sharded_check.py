@@ -94,7 +94,9 @@ def runner_checks(model_dir: str, text: str, workdir: str) -> dict:
             "--config.decode_bench.context=16",
             "--config.decode_bench.batch_size=2",
             "--config.decode_bench.steps=1"]
-  flags.FLAGS(["run", *common, f"--workdir={workdir}/mesh", "--mesh=2x4"])
+  argv = ["run", *common, f"--workdir={workdir}/mesh", "--mesh=2x4"]
+  sys.argv = argv  # ml_collections reads --config.* overrides from sys.argv.
+  flags.FLAGS(argv)
   cli.main(["run"])
   sharded = json.loads(pathlib.Path(f"{workdir}/mesh/metrics.json").read_text())
   config = small("int4_g32")

@@ -53,10 +53,12 @@ def _inputs(seed=0):
   return q, k, v
 
 
+_STEP = jax.jit(lambda c, q, k, v, p: c.attend(q, k, v, p, ROPE))
+POS = jnp.broadcast_to(jnp.arange(T), (B, T))
+
+
 def _attend(layer, q, k, v):
-  pos = jnp.broadcast_to(jnp.arange(T), (B, T))
-  return jax.jit(lambda c, q, k, v: c.attend(q, k, v, pos, ROPE))(
-      layer, q, k, v)
+  return _STEP(layer, q, k, v, POS)
 
 
 def _quantized(spec=tiny.INT4):
@@ -69,10 +71,8 @@ def _poison(x, value, token=BAD_TOKEN):
 
 def _prefill_then_decode(layer, q, k, v):
   """Writes T-1 clean tokens, then token T-1 (maybe bad) as a decode step."""
-  pos = jnp.broadcast_to(jnp.arange(T), (B, T))
-  step = jax.jit(lambda c, q, k, v, p: c.attend(q, k, v, p, ROPE))
-  _, layer = step(layer, q[:, :-1], k[:, :-1], v[:, :-1], pos[:, :-1])
-  out, layer = step(layer, q[:, -1:], k[:, -1:], v[:, -1:], pos[:, -1:])
+  _, layer = _STEP(layer, q[:, :-1], k[:, :-1], v[:, :-1], POS[:, :-1])
+  out, layer = _STEP(layer, q[:, -1:], k[:, -1:], v[:, -1:], POS[:, -1:])
   return out, layer
 
 

@@ -1,0 +1,73 @@
+"""kvq_jax.sharding on 8 simulated CPU devices (a subprocess: XLA_FLAGS must
+be set before jax starts, and this pytest process has already started it).
+
+sharded_check.py runs prefill + 3 decode steps of a tiny model (K = 4 KV
+heads) with dense and int4 caches on meshes 2x4 and 4x2, and
+`experiments.run --mesh=2x4` on the tiny HF model (K = 1: KV heads fall back
+to replication), printing one JSON line checked here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from kvq_jax.sharding.cache import _spec
+from tests.experiment import tiny_hf_model
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+  root = tmp_path_factory.mktemp("sharding")
+  model = tiny_hf_model.write_tiny_model(root / "model")
+  text = tiny_hf_model.write_eval_text(root / "eval.txt")
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu", KVQ_JAX_CACHE=str(root / "cache"))
+  proc = subprocess.run(
+      [sys.executable, str(HERE / "sharded_check.py"), str(model), str(text),
+       str(root / "runs")], env=env, capture_output=True, text=True,
+      timeout=600, check=False, cwd=HERE.parents[1])
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  assert line, proc.stdout[-2000:]
+  return json.loads(line[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("mesh", ["2x4", "4x2"])
+@pytest.mark.parametrize("kind", ["dense", "int4"])
+def test_sharded_decode_equals_unsharded(result, mesh, kind):
+  assert result["device_count"] == 8
+  r = result["models"][f"{mesh}/{kind}"]
+  assert r["finite"] and r["max_abs_diff"] <= 1e-5, r["max_abs_diff"]
+  assert r["num_devices"] == 8 and r["q_kernel_spec"] == "P(None, 'model')"
+  want = ("P('data', None, 'model')" if kind == "dense" else
+          "P('data', 'model')")
+  for layer in r["specs"]:
+    assert layer[-1] == "P('data',)"  # length_B
+    assert all(s == want for s in layer[:-1]), layer
+  for layer in r["specs_after_decode"]:  # Non-empty leaves stay sharded.
+    assert all(s == want for s in layer[:2 if kind == "dense" else 4]), layer
+
+
+def test_runner_mesh_flag_matches_single_device(result):
+  r = result["runner"]
+  assert r["mesh"] == "2x4"
+  for key, value in r["plain"].items():
+    assert r["sharded"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def test_partition_rule_falls_back_to_replication():
+  # [B, K, S, H] storage: batch 3 on 2-way data, 1 KV head on 4-way model.
+  assert _spec((3, 1, 16, 8), 1, 2, 4) == P()
+  assert _spec((4, 1, 16, 8), 1, 2, 4) == P("data")
+  assert _spec((3, 4, 16, 8), 1, 2, 4) == P(None, "model")
+  assert _spec((4, 4, 16, 8), 1, 1, 4) == P(None, "model")  # data size 1.
+  assert _spec((4,), None, 2, 4) == P("data")
