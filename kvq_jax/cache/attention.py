@@ -31,6 +31,24 @@ def attention_mask(length_B: jax.Array, num_queries: int,
   return slots_S[None, None, :] <= last_BxT[:, :, None]
 
 
+def split_nonfinite(v: jax.Array, slot_axis: int, head_axis: int,
+                    mask_BxTxS: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(v with NaN/Inf rows zeroed, bool [B, K, T]: query sees a bad row).
+
+  Masked probabilities are exactly 0, but 0 * NaN = NaN would still leak a
+  non-finite value into queries that cannot see it. Zero the bad rows for
+  the product and put NaN back only where a query really attends to one
+  (propagation, never masking).
+  """
+  finite = jnp.isfinite(v)
+  bad_BxKxS = jnp.moveaxis(~jnp.all(finite, axis=-1),
+                           (slot_axis, head_axis), (-1, 1))
+  sees_bad_BxKxT = jnp.einsum(
+      "bts,bks->bkt", mask_BxTxS.astype(jnp.float32),
+      bad_BxKxS.astype(jnp.float32)) > 0
+  return jnp.where(finite, v, 0), sees_bad_BxKxT
+
+
 def gqa_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array,
                   v_BxSxKxH: jax.Array, mask_BxTxS: jax.Array,
                   *, scale: float | None = None) -> jax.Array:
@@ -58,7 +76,8 @@ def gqa_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array,
   q_BxTxKxGxH = (q_BxTxNxH * jnp.asarray(scale, compute_dtype)).reshape(
       b, t, num_kv, n // num_kv, h)
   k_BxSxKxH = k_BxSxKxH.astype(compute_dtype)
-  v_BxSxKxH = v_BxSxKxH.astype(compute_dtype)
+  v_BxSxKxH, sees_bad_BxKxT = split_nonfinite(
+      v_BxSxKxH.astype(compute_dtype), 1, 2, mask_BxTxS)
   logits_BxKxGxTxS = jnp.einsum(
       "btkgh,bskh->bkgts", q_BxTxKxGxH, k_BxSxKxH,
       preferred_element_type=jnp.float32)
@@ -68,4 +87,6 @@ def gqa_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array,
   out_BxTxKxGxH = jnp.einsum(
       "bkgts,bskh->btkgh", probs_BxKxGxTxS.astype(compute_dtype), v_BxSxKxH,
       preferred_element_type=jnp.float32)
+  sees_bad_BxTxKx1x1 = jnp.moveaxis(sees_bad_BxKxT, 2, 1)[..., None, None]
+  out_BxTxKxGxH = jnp.where(sees_bad_BxTxKx1x1, jnp.nan, out_BxTxKxGxH)
   return out_BxTxKxGxH.reshape(b, t, n, h).astype(compute_dtype)

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from kvq_jax.cache import hadamard
-from kvq_jax.cache.attention import MASK_VALUE
+from kvq_jax.cache.attention import MASK_VALUE, split_nonfinite
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.kernels.decode_attention import DEFAULT_BLOCK_K, decode_attention
 from kvq_jax.kernels.dispatch import (choose_implementation,
@@ -370,8 +370,10 @@ def _block_attention(q_BxKxGxTxH, k_BxKxLxH, v_BxKxLxH, mask_BxTxL):
   scores = jnp.where(mask, scores, MASK_VALUE)
   m = jnp.max(scores, axis=-1)
   p = jnp.where(mask, jnp.exp(scores - m[..., None]), 0.0)
+  v_BxKxLxH, sees_bad_BxKxT = split_nonfinite(v_BxKxLxH, 2, 1, mask_BxTxL)
   acc = jnp.einsum("bkgtl,bklh->bkgth", p, v_BxKxLxH,
                    preferred_element_type=jnp.float32)
+  acc = jnp.where(sees_bad_BxKxT[:, :, None, :, None], jnp.nan, acc)
   return m, jnp.sum(p, axis=-1), acc
 
 

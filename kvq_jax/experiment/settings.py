@@ -49,9 +49,10 @@ class ExperimentSettings:
   decode_bench: DecodeBenchSettings
 
 
-def _positive(value, field: str) -> int:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"config.{field}={value!r}: allowed: an integer >= 1.")
+def _positive(value, field: str, minimum: int = 1) -> int:
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(
+        f"config.{field}={value!r}: allowed: an integer >= {minimum}.")
   return value
 
 
@@ -92,7 +93,7 @@ def settings_from_config(config: ml_collections.ConfigDict
         f"config.eval.scoring={ev.scoring!r}: allowed: all, second_half.")
   eval_settings = EvalSettings(
       num_windows=ev.num_windows,
-      window_len=_positive(ev.window_len, "eval.window_len"),
+      window_len=_positive(ev.window_len, "eval.window_len", minimum=2),
       scoring=ev.scoring,
       batch_size=_positive(ev.batch_size, "eval.batch_size"))
   parse_dtype(config.dtype, "config.dtype")
@@ -119,7 +120,8 @@ def settings_from_config(config: ml_collections.ConfigDict
         f"{', '.join(IMPLEMENTATIONS)}.")
   if config.memory.budget_gib <= 0:
     raise ValueError(
-        f"config.memory.budget_gib={config.memory.budget_gib}: must be > 0.")
+        f"config.memory.budget_gib={config.memory.budget_gib}: allowed: a "
+        "number of GiB > 0.")
   weight_bytes = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0,
                   "int8": 1.0, "int4": 0.5}
   if config.memory.weight_dtype not in weight_bytes:

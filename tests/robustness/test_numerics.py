@@ -18,8 +18,9 @@ Policy (quantized cache; quant/quantize.py has the per-group arithmetic):
     Full-precision regions (dense cache, quantized sink/residual window and
     the chunk being written) keep the raw NaN/Inf: a query that attends to
     it gets NaN (propagation, not masking). Masked-out full-precision NaN/Inf
-    must not leak into earlier queries: see the xfail tests below for where
-    it currently does (0 * NaN in the probabilities @ values product).
+    never leaks into queries that cannot see it: bad value rows are zeroed
+    for the probabilities @ values product and NaN is put back only for the
+    queries that attend to them (cache/attention.py `split_nonfinite`).
   * No silent NaN perplexity: `perplexity_from_nll` raises FloatingPointError
     when any scored NLL is NaN/Inf (what the runner calls on its logits).
 """
@@ -87,8 +88,7 @@ def test_bad_token_in_quantized_storage_is_isolated(where, bad):
   k2, v2 = (_poison(k, bad, T - 1), v) if where == "k" else (
       k, _poison(v, bad, T - 1))
   out, layer = _prefill_then_decode(_quantized(), q, k2, v2)
-  if where == "k":  # v: see test_decode_nan_value_output_xfail.
-    assert np.all(np.isfinite(out)), out
+  assert np.all(np.isfinite(out)), out
   np.testing.assert_array_equal(out[1], clean_out[1])  # other sequence
   # Query heads 2, 3 read KV head 1: untouched.
   np.testing.assert_array_equal(out[0, :, 2:], clean_out[0, :, 2:])
@@ -119,48 +119,25 @@ def test_earlier_queries_in_chunk_do_not_see_a_later_bad_value(make, where):
   clean_out, _ = _attend(make(), q, k, v)
   k2, v2 = (_poison(k, np.nan), v) if where == "k" else (k, _poison(v, np.nan))
   out, _ = _attend(make(), q, k2, v2)
-  layer_kind = "dense" if isinstance(make(), DenseLayerCache) else "int4"
-  if where == "v":
-    pytest.xfail(f"{layer_kind}: NaN in a masked value leaks via 0 * NaN "
-                 "(see test_masked_nan_value_leak_*)")
   np.testing.assert_array_equal(out[:, :BAD_TOKEN], clean_out[:, :BAD_TOKEN])
   np.testing.assert_array_equal(out[1], clean_out[1])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cache/attention.py gqa_attention: probs (exactly 0 where masked) @ v "
-    "gives 0 * NaN = NaN, so a NaN value at token j poisons queries t < j of "
-    "the same prefill chunk (dense cache). Fix: jnp.where(mask, v, 0) per "
-    "query is costly; zero non-finite v rows before the product, or mask "
-    "probs and use jnp.where(probs > 0, ...)."))
-def test_masked_nan_value_leak_dense():
+def test_masked_nan_value_does_not_leak_dense():
   q, k, v = _inputs()
   out, _ = _attend(DenseLayerCache.create(B, 16, K, H), q, k,
                    _poison(v, np.nan))
   assert np.all(np.isfinite(out[0, :BAD_TOKEN]))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cache/quantized.py _block_attention: the full-precision segment E (the "
-    "chunk being written, before quantization) keeps the raw NaN; p is 0 "
-    "where masked but einsum(p, v) gives 0 * NaN = NaN for queries t < j, "
-    "although the stored (quantized) copy of the token is 0 per the policy. "
-    "Fix: jnp.where(mask, p, 0) is not enough; zero v where the mask is "
-    "false for every query (or sanitise E's NaN like quantize does)."))
-def test_masked_nan_value_leak_quantized():
+def test_masked_nan_value_does_not_leak_quantized():
   q, k, v = _inputs()
   out, _ = _attend(_quantized(), q, k, _poison(v, np.nan))
   assert np.all(np.isfinite(out[0, :BAD_TOKEN]))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cache/quantized.py attend: a decode step's own token sits in the "
-    "full-precision segment E but is masked there (it is read from storage, "
-    "where NaN was stored as 0); the masked row still enters einsum(p, v) "
-    "and 0 * NaN makes the output NaN. Same root cause as "
-    "test_masked_nan_value_leak_quantized."))
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_decode_nan_value_output_xfail(bad):
+def test_decode_nan_value_output_is_finite(bad):
   q, k, v = _inputs()
   out, _ = _prefill_then_decode(_quantized(), q, k, _poison(v, bad, T - 1))
   assert np.all(np.isfinite(out))

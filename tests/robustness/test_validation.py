@@ -33,7 +33,7 @@ def _config(path: str, value):
 
 # (field, bad value, regex the ValueError must match): field, value, allowed.
 BAD = [
-    ("eval.window_len", 0, r"config\.eval\.window_len=0: allowed: an integer >= 1"),
+    ("eval.window_len", 0, r"config\.eval\.window_len=0: allowed: an integer >= 2"),
     ("eval.scoring", "x", r"config\.eval\.scoring='x': allowed: all, second_half"),
     ("eval.num_windows", -1, r"config\.eval\.num_windows=-1: allowed: >= 1, or 0"),
     ("eval.batch_size", 0, r"config\.eval\.batch_size=0: allowed: an integer >= 1"),
@@ -66,7 +66,8 @@ BAD = [
     ("cache.dtype", "x", r"config\.cache\.dtype='x': allowed values are float32, "
      r"bfloat16, float16"),
     ("attention.impl", "x", r"attention_impl|config\.attention\.impl='x'"),
-    ("memory.budget_gib", 0, r"config\.memory\.budget_gib=0\.0: must be > 0"),
+    ("memory.budget_gib", 0,
+     r"config\.memory\.budget_gib=0\.0: allowed: a number of GiB > 0"),
     ("memory.weight_dtype", "x", r"config\.memory\.weight_dtype='x': allowed: "
      r"float32, bfloat16, float16, int8, int4"),
     ("dtype", "x", r"config\.dtype='x': allowed values are float32, bfloat16, "
@@ -104,12 +105,8 @@ def test_group_size_not_dividing_head_dim_fails_when_the_cache_is_built():
     init_cache(config, 1, 16, settings.cache_spec)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "settings_from_config accepts eval.window_len=1 (_positive allows 1); "
-    "make_windows rejects it only after the model is loaded and the text "
-    "tokenized. Fix: settings.py should require window_len >= 2."))
 def test_window_len_one_rejected_by_settings():
-  with pytest.raises(ValueError, match=r"eval\.window_len=1"):
+  with pytest.raises(ValueError, match=r"eval\.window_len=1: allowed: an integer >= 2"):
     settings_from_config(_config("eval.window_len", 1))
 
 
