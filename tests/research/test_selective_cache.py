@@ -91,7 +91,7 @@ def test_one_layer_on_changes_only_that_layer_and_later():
 
 def test_sweep_does_not_recompile():
   ids = tokens()
-  fwd = forward("post")
+  fwd = forward("pre")  # Every layer quantizes K and V (no fp override).
   fwd(ids, OFF, OFF)
   traces = fwd.num_traces
   outs = []
@@ -99,8 +99,10 @@ def test_sweep_does_not_recompile():
     for choice in (1, 2):
       k = [choice if i == layer else 0 for i in range(CONFIG.num_layers)]
       outs.append(np.asarray(fwd(ids, k, OFF)))
-      outs.append(np.asarray(fwd(ids, OFF, k)))
       outs.append(np.asarray(fwd(ids, k, k)))
+    # V choice 2 (int2_g8_asym) repeats PRE's own V format: choice 1 only.
+    v = [int(i == layer) for i in range(CONFIG.num_layers)]
+    outs.append(np.asarray(fwd(ids, OFF, v)))
   assert fwd.num_traces == traces
   assert len({o.tobytes() for o in outs}) == len(outs)  # All distinct.
   fwd(tokens(batch=1), [1, 1], [1, 1])  # A new batch shape traces.
