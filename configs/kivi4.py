@@ -1,5 +1,10 @@
 """KIVI-4: K per-channel over 32-token groups, V per-token in groups of 32, asymmetric int4, 128-token full-precision residual: 5.0 bits/element + the residual.
 
+Measured (SmolLM2-135M-Instruct, WikiText-2 test, 40 windows x 512, second-half
+scoring, float32 compute, 2-core CPU): PPL 23.4958 vs baseline 23.5115
+(dPPL -0.0158), KL 0.00387, top-1 0.9639, 5.000 bits/element,
+7200 bytes/token over 30 layers (measured from the cache leaves).
+
 Run: python -m experiments.run --config=kivi4
 """
 

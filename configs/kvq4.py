@@ -4,9 +4,15 @@ values int4 asymmetric in groups of 32 along head_dim after a Hadamard
 rotation. 5.0 bits/element, no full-precision residual or sinks.
 
 Keys carry per-channel outliers that RoPE smears across channels; grouping
-them per channel before RoPE keeps each group's range tight. The last,
-incomplete 32-token group of keys stays full precision until it closes
-(flush_block = 32).
+them per channel before RoPE keeps each group's range tight. Key groups
+close every 32 tokens, so the newest 0-31 tokens (K and V) stay full
+precision until their group is flushed (flush_block = 32): a fixed
+31-slot buffer per layer, not a per-token cost.
+
+Measured (SmolLM2-135M-Instruct, WikiText-2 test, 40 windows x 512, second-half
+scoring, float32 compute, 2-core CPU): PPL 23.5917 vs baseline 23.5115
+(dPPL +0.0802), KL 0.00575, top-1 0.9576, 5.000 bits/element,
+7200 bytes/token over 30 layers (measured from the cache leaves).
 
 Run: python -m experiments.run --config=kvq4
 """
