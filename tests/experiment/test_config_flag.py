@@ -83,7 +83,8 @@ def test_preset_loads_locked_and_converts(name):
   assert per_token == pytest.approx(
       bits * 2 * SMOLLM2.num_layers * SMOLLM2.num_kv_heads
       * SMOLLM2.head_dim / 8)
-  assert (fixed > 0) == name.startswith("kivi")
+  layer = spec.layer(0)  # Fixed bytes: full-precision window and sinks only.
+  assert (fixed > 0) == (layer.window + layer.sink > 0)
 
 
 def test_full_precision_presets_use_their_cache_dtype():
