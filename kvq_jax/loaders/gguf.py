@@ -178,6 +178,15 @@ class _Tensors:
     return array
 
 
+GGUF_NAMES = param_layout.SourceNames(
+    layer_prefix="blk.{i}",
+    layer={"attn_norm": "attn_norm.weight", "q": "attn_q", "k": "attn_k",
+           "v": "attn_v", "o": "attn_output", "mlp_norm": "ffn_norm.weight",
+           "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"},
+    embed="token_embd.weight", final_norm="output_norm.weight",
+    lm_head="output.weight")
+
+
 def load_gguf(path: str | os.PathLike[str]) -> tuple[ModelConfig, dict[str, Any]]:
   """Reads a GGUF checkpoint; returns (config, float32 numpy params)."""
   return params_from_reader(open_gguf(path), os.fspath(path))
@@ -198,46 +207,15 @@ def params_from_reader(reader: gguf.GGUFReader,
     raise ValueError(f"GGUF file {path!r}: tensor 'rope_freqs.weight' (rope "
                      "frequency scaling) is not supported.")
   unpermute = SUPPORTED_ARCHITECTURES[config.name][0]
-  d, f = config.hidden_size, config.intermediate_size
-  q_out = config.num_heads * config.head_dim
-  kv_out = config.num_kv_heads * config.head_dim
+  heads = {"q": config.num_heads, "k": config.num_kv_heads}
 
-  def linear(name: str, d_out: int, d_in: int, bias: bool = False,
-             n_head: int | None = None) -> dict[str, np.ndarray]:
-    w = tensors.get(f"{name}.weight", (d_out, d_in))
-    if unpermute and n_head is not None:
-      w = rope_permutation.unpermute_rows(w, n_head)
-    out = {"kernel": np.ascontiguousarray(w.T)}
-    if bias:
-      b = tensors.get(f"{name}.bias", (d_out,))
-      if unpermute and n_head is not None:
-        b = rope_permutation.unpermute_rows(b, n_head)
-      out["bias"] = b
-    return out
+  def fix_rows(key: str, array: np.ndarray) -> np.ndarray:
+    if unpermute and key in heads:
+      return rope_permutation.unpermute_rows(array, heads[key])
+    return array
 
-  bias = config.attention_bias
-  layers = []
-  for i in range(config.num_layers):
-    blk = f"blk.{i}"
-    layers.append({
-        "attn_norm": tensors.get(f"{blk}.attn_norm.weight", (d,)),
-        "q": linear(f"{blk}.attn_q", q_out, d, bias, config.num_heads),
-        "k": linear(f"{blk}.attn_k", kv_out, d, bias, config.num_kv_heads),
-        "v": linear(f"{blk}.attn_v", kv_out, d, bias),
-        "o": linear(f"{blk}.attn_output", d, q_out),
-        "mlp_norm": tensors.get(f"{blk}.ffn_norm.weight", (d,)),
-        "gate": linear(f"{blk}.ffn_gate", f, d),
-        "up": linear(f"{blk}.ffn_up", f, d),
-        "down": linear(f"{blk}.ffn_down", d, f),
-    })
-  params: dict[str, Any] = {
-      "embed": tensors.get("token_embd.weight", (config.vocab_size, d)),
-      "final_norm": tensors.get("output_norm.weight", (d,)),
-      "layers": layers,
-  }
-  if not config.tie_embeddings:
-    params["lm_head"] = np.ascontiguousarray(
-        tensors.get("output.weight", (config.vocab_size, d)).T)
+  params = param_layout.assemble_params(config, tensors.get, GGUF_NAMES,
+                                        fix_rows)
   unused = sorted(set(tensors.by_name) - tensors.used)
   if unused:
     raise ValueError(f"GGUF file {path!r}: unexpected tensors {unused[:5]} "

@@ -74,6 +74,18 @@ def config_from_hf(hf: dict[str, Any], source: str) -> ModelConfig:
     raise ValueError(f"{source}: required key {e.args[0]!r} is missing.") from e
 
 
+HF_NAMES = param_layout.SourceNames(
+    layer_prefix="model.layers.{i}",
+    layer={"attn_norm": "input_layernorm.weight", "q": "self_attn.q_proj",
+           "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+           "o": "self_attn.o_proj",
+           "mlp_norm": "post_attention_layernorm.weight",
+           "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+           "down": "mlp.down_proj"},
+    embed="model.embed_tokens.weight", final_norm="model.norm.weight",
+    lm_head="lm_head.weight")
+
+
 def load_hf(directory: str | os.PathLike[str]) -> tuple[ModelConfig, dict[str, Any]]:
   """Reads a Hugging Face checkpoint dir; returns (config, float32 params)."""
   directory = pathlib.Path(directory)
@@ -99,41 +111,8 @@ def load_hf(directory: str | os.PathLike[str]) -> tuple[ModelConfig, dict[str, A
                        f"{source}.")
     return np.asarray(array, dtype=np.float32)
 
-  d, f = config.hidden_size, config.intermediate_size
-  q_out = config.num_heads * config.head_dim
-  kv_out = config.num_kv_heads * config.head_dim
-
-  def linear(name: str, d_out: int, d_in: int,
-             bias: bool = False) -> dict[str, np.ndarray]:
-    out = {"kernel": np.ascontiguousarray(get(f"{name}.weight", (d_out, d_in)).T)}
-    if bias:
-      out["bias"] = get(f"{name}.bias", (d_out,))
-    return out
-
-  bias = config.attention_bias
-  layers = []
-  for i in range(config.num_layers):
-    pre = f"model.layers.{i}"
-    layers.append({
-        "attn_norm": get(f"{pre}.input_layernorm.weight", (d,)),
-        "q": linear(f"{pre}.self_attn.q_proj", q_out, d, bias),
-        "k": linear(f"{pre}.self_attn.k_proj", kv_out, d, bias),
-        "v": linear(f"{pre}.self_attn.v_proj", kv_out, d, bias),
-        "o": linear(f"{pre}.self_attn.o_proj", d, q_out),
-        "mlp_norm": get(f"{pre}.post_attention_layernorm.weight", (d,)),
-        "gate": linear(f"{pre}.mlp.gate_proj", f, d),
-        "up": linear(f"{pre}.mlp.up_proj", f, d),
-        "down": linear(f"{pre}.mlp.down_proj", d, f),
-    })
-  params: dict[str, Any] = {
-      "embed": get("model.embed_tokens.weight", (config.vocab_size, d)),
-      "final_norm": get("model.norm.weight", (d,)),
-      "layers": layers,
-  }
-  if not config.tie_embeddings:
-    params["lm_head"] = np.ascontiguousarray(
-        get("lm_head.weight", (config.vocab_size, d)).T)
-  elif "lm_head.weight" in store:
+  params = param_layout.assemble_params(config, get, HF_NAMES)
+  if config.tie_embeddings and "lm_head.weight" in store:
     used.add("lm_head.weight")  # Tied: HF ignores the stored copy too.
   unused = sorted(n for n in store.names() - used
                   if not n.endswith(_IGNORED_SUFFIXES))

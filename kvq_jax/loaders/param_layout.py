@@ -18,7 +18,8 @@ Kernels are [in, out] (y = x @ kernel); leaves are numpy float32.
 from __future__ import annotations
 
 import copy
-from typing import Any
+import dataclasses
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -92,3 +93,60 @@ def check_params(params: Params, config: ModelConfig, source: str) -> None:
     if tuple(leaf.shape) != tuple(shape):
       raise ValueError(f"{source}: param {name!r} has shape "
                        f"{tuple(leaf.shape)}, expected {tuple(shape)}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceNames:
+  """Where a checkpoint format keeps each leaf of the layout.
+
+  `layer` maps a layer key to the source name after `layer_prefix` (with
+  `{i}` the layer index): the full tensor name for vectors (norms), the base
+  name for linears (`.weight` / `.bias` are appended).
+  """
+
+  layer_prefix: str
+  layer: Mapping[str, str]
+  embed: str
+  final_norm: str
+  lm_head: str
+
+
+# read(name, shape) -> float32 array in the source's [out, in] order.
+Reader = Callable[[str, tuple[int, ...]], np.ndarray]
+# fix_rows(layer_key, array) -> array: row transform of q/k weights and biases.
+RowFix = Callable[[str, np.ndarray], np.ndarray]
+
+
+def assemble_params(config: ModelConfig, read: Reader, names: SourceNames,
+                    fix_rows: RowFix | None = None) -> Params:
+  """Builds the loader layout by reading every leaf `expected_shapes` lists.
+
+  Linear weights are read as [out, in] and transposed to [in, out];
+  `fix_rows` (e.g. GGUF's RoPE un-permutation) sees weights and biases first.
+  """
+  fix = fix_rows or (lambda key, array: array)
+  shapes = expected_shapes(config)
+
+  def leaf(key: str, source: str, shape):
+    if not isinstance(shape, dict):
+      return read(source, tuple(shape))
+    d_in, d_out = shape["kernel"]
+    out = {"kernel": np.ascontiguousarray(
+        fix(key, read(f"{source}.weight", (d_out, d_in))).T)}
+    if "bias" in shape:
+      out["bias"] = fix(key, read(f"{source}.bias", (d_out,)))
+    return out
+
+  layers = []
+  for i, layer_shapes in enumerate(shapes["layers"]):
+    prefix = names.layer_prefix.format(i=i)
+    layers.append({key: leaf(key, f"{prefix}.{names.layer[key]}", shape)
+                   for key, shape in layer_shapes.items()})
+  params: Params = {"embed": read(names.embed, tuple(shapes["embed"])),
+                    "final_norm": read(names.final_norm,
+                                       tuple(shapes["final_norm"])),
+                    "layers": layers}
+  if "lm_head" in shapes:
+    d, v = shapes["lm_head"]
+    params["lm_head"] = np.ascontiguousarray(read(names.lm_head, (v, d)).T)
+  return params
