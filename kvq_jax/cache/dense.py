@@ -65,12 +65,19 @@ class DenseLayerCache:
              v_BxTxKxH: jax.Array, positions_BxT: jax.Array,
              rope: Rope) -> tuple[jax.Array, DenseLayerCache]:
     """Writes the T new tokens, then attends over the whole cache."""
-    num_new = q_BxTxNxH.shape[1]
-    k_rot_BxTxKxH = rope(k_BxTxKxH, positions_BxT)
-    k_all = write_slots(self.k_BxSxKxH, k_rot_BxTxKxH, self.length_B)
-    v_all = write_slots(self.v_BxSxKxH, v_BxTxKxH, self.length_B)
-    mask_BxTxS = attention_mask(self.length_B, num_new, self.capacity)
-    out_BxTxNxH = gqa_attention(q_BxTxNxH, k_all, v_all, mask_BxTxS)
-    new_cache = self.replace(k_BxSxKxH=k_all, v_BxSxKxH=v_all,
-                             length_B=self.length_B + num_new)
-    return out_BxTxNxH, new_cache
+    return write_and_attend(self, q_BxTxNxH, rope(k_BxTxKxH, positions_BxT),
+                            v_BxTxKxH)
+
+
+def write_and_attend(cache, q_BxTxNxH: jax.Array, k_BxTxKxH: jax.Array,
+                     v_BxTxKxH: jax.Array):
+  """Stores K (already rotated) / V at slots [length_b, length_b + T) of a
+  dense-layout cache (fields k_BxSxKxH, v_BxSxKxH, length_B, capacity), then
+  attends over every slot; returns (out_BxTxNxH, the updated cache)."""
+  num_new = q_BxTxNxH.shape[1]
+  k_all = write_slots(cache.k_BxSxKxH, k_BxTxKxH, cache.length_B)
+  v_all = write_slots(cache.v_BxSxKxH, v_BxTxKxH, cache.length_B)
+  mask_BxTxS = attention_mask(cache.length_B, num_new, cache.capacity)
+  out_BxTxNxH = gqa_attention(q_BxTxNxH, k_all, v_all, mask_BxTxS)
+  return out_BxTxNxH, cache.replace(k_BxSxKxH=k_all, v_BxSxKxH=v_all,
+                                    length_B=cache.length_B + num_new)

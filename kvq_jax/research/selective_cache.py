@@ -31,8 +31,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from kvq_jax.cache import init_layer_caches
-from kvq_jax.cache.attention import attention_mask, gqa_attention
-from kvq_jax.cache.dense import write_slots
+from kvq_jax.cache.dense import write_and_attend
 from kvq_jax.cache.spec import KEY_ROPE, CacheSpec
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.rope import Rope
@@ -142,16 +141,9 @@ class SelectiveLayerCache:
              v_BxTxKxH: jax.Array, positions_BxT: jax.Array,
              rope: Rope) -> tuple[jax.Array, SelectiveLayerCache]:
     """Writes the T new tokens (round-tripped), then attends over the cache."""
-    num_new = q_BxTxNxH.shape[1]
-    k_new = self._written_keys(k_BxTxKxH, positions_BxT, rope)
-    v_new = self._written_values(v_BxTxKxH)
-    k_all = write_slots(self.k_BxSxKxH, k_new, self.length_B)
-    v_all = write_slots(self.v_BxSxKxH, v_new, self.length_B)
-    mask_BxTxS = attention_mask(self.length_B, num_new, self.capacity)
-    out_BxTxNxH = gqa_attention(q_BxTxNxH, k_all, v_all, mask_BxTxS)
-    new_cache = self.replace(k_BxSxKxH=k_all, v_BxSxKxH=v_all,
-                             length_B=self.length_B + num_new)
-    return out_BxTxNxH, new_cache
+    return write_and_attend(
+        self, q_BxTxNxH, self._written_keys(k_BxTxKxH, positions_BxT, rope),
+        self._written_values(v_BxTxKxH))
 
 
 def layer_specs(config: ModelConfig, spec: CacheSpec,
