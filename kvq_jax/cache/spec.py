@@ -251,9 +251,7 @@ class CacheSpec:
     for layer, ko, vo in self.layer_overrides:
       if layer == index:
         k, v = ko, vo
-    return LayerSpec(
-        k=_to_cache_layout(k, "k"), v=_to_cache_layout(v, "v"),
-        residual=self.residual, flush_block=self.flush_block, sink=self.sink,
-        key_rope=self.key_rope, hadamard_k=self.hadamard_k,
-        hadamard_v=self.hadamard_v, block_size=self.block_size,
-        attention_impl=self.attention_impl, interpret=self.interpret)
+    shared = {f.name: getattr(self, f.name)
+              for f in dataclasses.fields(LayerSpec) if f.name not in ("k", "v")}
+    return LayerSpec(k=_to_cache_layout(k, "k"), v=_to_cache_layout(v, "v"),
+                     **shared)
