@@ -252,6 +252,7 @@ class CacheSpec:
       if layer == index:
         k, v = ko, vo
     shared = {f.name: getattr(self, f.name)
-              for f in dataclasses.fields(LayerSpec) if f.name not in ("k", "v")}
+              for f in dataclasses.fields(LayerSpec)
+              if f.name not in ("k", "v")}
     return LayerSpec(k=_to_cache_layout(k, "k"), v=_to_cache_layout(v, "v"),
                      **shared)
