@@ -1,7 +1,7 @@
 r"""Per-layer K/V formats under a bits/element budget from a sensitivity table.
 
   python -m experiments.allocate \
-      --sensitivity=runs/sensitivity_int4_g32/sensitivity.json \
+      --sensitivity=runs/sensitivity_int4_g32/sensitivity.json[,MORE.json] \
       --budget=4.0 [--k_formats=fp,int8,int4_g32,int2_g32_asym] \
       [--v_formats=...] [--metric=delta_ppl|kl_mean] [--workdir=DIR]
 
@@ -9,7 +9,9 @@ Writes DIR/allocated_<budget>.py (a preset: predicted damage in its
 docstring) and prints the allocation; verify the prediction with
   python -m experiments.run --config=DIR/allocated_<budget>.py
 Candidates other than fp must have been measured by
-experiments.layer_sensitivity (the preset's format and its --formats).
+experiments.layer_sensitivity (the preset's format and its --formats);
+several tables of the same model and windows are merged (e.g. an int4_g32
+sweep beside an int2_g32_asym one).
 """
 
 import pathlib
@@ -18,11 +20,11 @@ from absl import app
 from absl import flags
 
 from kvq_jax.research import allocator, preset_writer
-from kvq_jax.research.sensitivity_table import load_json
+from kvq_jax.research.sensitivity_table import load_json, merge_tables
 
-_SENSITIVITY = flags.DEFINE_string(
-    "sensitivity", None, "sensitivity.json from experiments.layer_sensitivity",
-    required=True)
+_SENSITIVITY = flags.DEFINE_list(
+    "sensitivity", None, "sensitivity.json from experiments.layer_sensitivity "
+    "(comma-separated: several, same model and windows)", required=True)
 _BUDGET = flags.DEFINE_float("budget", None, "mean bits per K/V element",
                              required=True)
 _K_FORMATS = flags.DEFINE_list(
@@ -38,7 +40,8 @@ _WORKDIR = flags.DEFINE_string(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  table = load_json(_SENSITIVITY.value)
+  paths = _SENSITIVITY.value
+  table = merge_tables([load_json(p) for p in paths], paths)
   meta = table["meta"]
   default = [allocator.FULL_PRECISION] + list(meta["formats"])
   allocation = allocator.allocate(
@@ -46,11 +49,10 @@ def main(argv):
       _K_FORMATS.value or default, _V_FORMATS.value or default,
       _BUDGET.value, head_dim=meta["head_dim"], fp_bits=meta["fp_bits"],
       metric=_METRIC.value)
-  workdir = pathlib.Path(_WORKDIR.value or
-                         pathlib.Path(_SENSITIVITY.value).parent)
+  workdir = pathlib.Path(_WORKDIR.value or pathlib.Path(paths[0]).parent)
   path = preset_writer.write_preset(
       workdir / f"allocated_{_BUDGET.value:g}.py", allocation, table,
-      _SENSITIVITY.value)
+      ",".join(paths))
   print(f"budget {allocation.budget:g} bits/element, achieved "
         f"{allocation.mean_bits:.4f}; predicted {allocation.metric} "
         f"{allocation.predicted_damage:+.6g}")

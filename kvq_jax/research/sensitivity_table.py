@@ -43,6 +43,49 @@ def load_json(path: str | pathlib.Path) -> dict:
   return table
 
 
+_SHARED_META = ("model", "eval_data", "scoring", "num_layers", "head_dim",
+                "cache_dtype", "fp_bits")
+_SHARED_BASELINE = ("num_windows", "window_len")
+
+
+def merge_tables(tables: list[dict], paths: list[str]) -> dict:
+  """One table from sweeps of several presets on the same model and windows.
+
+  The allocator then chooses among the formats of all of them (e.g. the
+  int4_g32 sweep's int4_g32 probes beside an int2_g32_asym sweep's). Probes
+  of one (tensor, layer, format) measured twice keep the first table's.
+  Raises ValueError when the tables were measured differently.
+  """
+  if len(tables) != len(paths) or not tables:
+    raise ValueError(f"merge_tables: {len(tables)} tables and {len(paths)} "
+                     "paths; allowed: one path per table, at least one.")
+  first = tables[0]
+  for table, path in zip(tables[1:], paths[1:]):
+    for section, keys in (("meta", _SHARED_META),
+                          ("baseline", _SHARED_BASELINE)):
+      for key in keys:
+        if table[section].get(key) != first[section].get(key):
+          raise ValueError(
+              f"sensitivity tables {paths[0]!r} and {path!r} differ in "
+              f"{section}.{key} ({first[section].get(key)!r} vs "
+              f"{table[section].get(key)!r}); allowed: tables measured on "
+              "the same model, text, windows and cache dtype.")
+    a, b = first["baseline"]["ppl_baseline"], table["baseline"]["ppl_baseline"]
+    if not np.isclose(a, b, rtol=1e-5, atol=0.0):
+      raise ValueError(
+          f"sensitivity tables {paths[0]!r} and {path!r} have baselines "
+          f"{a:.6g} and {b:.6g}; allowed: the same windows (equal baseline).")
+  if len(tables) == 1:
+    return first
+  meta = dict(first["meta"])
+  meta["preset"] = "+".join(t["meta"]["preset"] for t in tables)
+  meta["formats"] = sorted({f for t in tables for f in t["meta"]["formats"]})
+  meta["extra_formats"] = sorted(
+      {f for t in tables for f in t["meta"]["extra_formats"]})
+  return {"meta": meta, "baseline": first["baseline"],
+          "rows": [row for t in tables for row in t["rows"]]}
+
+
 def only_matrix(rows: list[dict], num_layers: int, metric: str,
                 tensor: str, fmt: str | None = None) -> np.ndarray:
   """[L] metric of the mode='only' probes of `tensor` (NaN: not measured).

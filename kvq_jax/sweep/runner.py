@@ -44,7 +44,17 @@ class SweepRequest:
 
 
 def _unique(points: list[SweepPoint]) -> list[SweepPoint]:
-  """Drops later points whose spec equals an earlier one (same forward)."""
+  """Drops later points whose spec equals an earlier one (same forward).
+
+  Raises ValueError when two different specs share a name (e.g. two preset
+  files both called allocated_4.py): the CSV could not tell them apart.
+  """
+  names = {}
+  for p in points:
+    if names.setdefault(p.name, p.spec) != p.spec:
+      raise ValueError(
+          f"sweep: two different points are both named {p.name!r}; "
+          "allowed: distinct names (rename one of the preset files).")
   seen, out = set(), []
   for p in points:
     if p.spec in seen:

@@ -7,7 +7,7 @@ import pytest
 from kvq_jax.experiment import config_flag
 from kvq_jax.experiment.settings import settings_from_config
 from kvq_jax.experiment.short_specs import parse_short_spec
-from kvq_jax.research import allocator, preset_writer
+from kvq_jax.research import allocator, preset_writer, sensitivity_table
 
 H, FP = 64, 32
 FORMATS = ("int8", "int4_g32", "int2_g32_asym")
@@ -133,3 +133,45 @@ def test_written_preset_loads_through_the_settings(tmp_path):
         assert got.granularity == expected.granularity
         assert got.group_size == expected.group_size
   assert loaded.eval.num_windows == config.eval.num_windows
+
+
+def _table(preset: str, fmt: str, damage: float, **baseline) -> dict:
+  rows = [{"mode": "only", "tensor": t, "layer": 0,
+           "k_format": fmt if t == "K" else "fp",
+           "v_format": fmt if t == "V" else "fp",
+           "delta_ppl": damage, "kl_mean": damage / 10} for t in ("K", "V")]
+  meta = {"preset": preset, "model": "m", "eval_data": "text", "scoring":
+          "second_half", "num_layers": 1, "head_dim": H, "cache_dtype":
+          "float32", "fp_bits": FP, "formats": [fmt], "extra_formats": []}
+  base = {"num_windows": 8, "window_len": 512, "ppl_baseline": 10.0}
+  base.update(baseline)
+  return {"meta": meta, "baseline": base, "rows": rows}
+
+
+def test_merged_tables_offer_every_format():
+  tables = [_table("int4_g32", "int4_g32", 0.5),
+            _table("int2_g32_asym", "int2_g32_asym", 3.0)]
+  merged = sensitivity_table.merge_tables(tables, ["a.json", "b.json"])
+  assert merged["meta"]["preset"] == "int4_g32+int2_g32_asym"
+  assert merged["meta"]["formats"] == ["int2_g32_asym", "int4_g32"]
+  damage = allocator.damage_table(merged, "kl_mean")
+  assert damage == {("K", 0, "int4_g32"): 0.05, ("V", 0, "int4_g32"): 0.05,
+                    ("K", 0, "int2_g32_asym"): 0.3,
+                    ("V", 0, "int2_g32_asym"): 0.3}
+  a = allocator.allocate(damage, 1, FORMATS[1:], FORMATS[1:], 4.5,
+                         head_dim=H, fp_bits=FP)
+  assert a.k_formats == ("int4_g32",) and a.v_formats == ("int4_g32",)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"window_len": 256}, "baseline.window_len"),
+    ({"ppl_baseline": 10.1}, "baselines 10 and 10.1"),
+])
+def test_merging_tables_of_other_windows_fails(change, match):
+  tables = [_table("a", "int8", 0.0), _table("b", "int4_g32", 0.1, **change)]
+  with pytest.raises(ValueError, match=match):
+    sensitivity_table.merge_tables(tables, ["a.json", "b.json"])
+  other = _table("b", "int4_g32", 0.1)
+  other["meta"]["model"] = "other"
+  with pytest.raises(ValueError, match="meta.model"):
+    sensitivity_table.merge_tables([tables[0], other], ["a.json", "b.json"])

@@ -6,6 +6,7 @@ import pytest
 
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.quant import QuantSpec
+from kvq_jax.sweep import runner
 from kvq_jax.sweep.grid import expand_grid, point_name
 from kvq_jax.sweep.points import parse_points
 
@@ -85,3 +86,21 @@ def test_named_points_presets_and_compact_syntax():
 def test_bad_points_raise_naming_the_item(text, match):
   with pytest.raises(ValueError, match=match):
     parse_points(text, None, head_dim=64, num_layers=1)
+
+
+def test_same_spec_is_evaluated_once_and_a_name_clash_raises(tmp_path):
+  points = parse_points("int4_g32,int4_g32:post", None, head_dim=64,
+                        num_layers=1)
+  assert [p.name for p in runner._unique(points)] == ["int4_g32"]  # pylint: disable=protected-access
+  for sub, bits in (("a", 8), ("b", 4)):
+    (tmp_path / sub).mkdir()
+    (tmp_path / sub / "mine.py").write_text(
+        "from configs import base\n\n\ndef get_config():\n"
+        "  c = base.get_config()\n"
+        f"  c.cache.k = c.cache.v = base.kv(type='int', bits={bits})\n"
+        "  return c\n")
+  clash = parse_points([str(tmp_path / "a" / "mine.py"),
+                        str(tmp_path / "b" / "mine.py")], None, head_dim=64,
+                       num_layers=1)
+  with pytest.raises(ValueError, match="both named 'mine'"):
+    runner._unique(clash)  # pylint: disable=protected-access
