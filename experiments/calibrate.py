@@ -20,13 +20,11 @@ from absl import flags
 from kvq_jax.calibration.optimize import CalibrationOptions
 from kvq_jax.calibration.runner import calibrate
 from kvq_jax.experiment.config_flag import DEFINE_preset_config
+from kvq_jax.experiment.data_flags import DEFINE_data_flags
 
 _CONFIG = DEFINE_preset_config("config", default="int2_g32_asym")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/calibrate", "output directory")
-_EVAL_DATA = flags.DEFINE_string(
-    "eval_data", None, "UTF-8 text file; default: stdlib sources (WORKSPACE.md)")
-_MODEL = flags.DEFINE_string("model", None,
-                             "model name or path; default: config.model")
+_EVAL_DATA, _MODEL = DEFINE_data_flags()
 _NUM_CALIB = flags.DEFINE_integer("num_calib_windows", 2,
                                   "calibration windows (end of the text)")
 _STEPS = flags.DEFINE_integer("steps", 100, "Adam steps per layer")

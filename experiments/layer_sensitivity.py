@@ -15,15 +15,13 @@ from absl import app
 from absl import flags
 
 from kvq_jax.experiment.config_flag import DEFINE_preset_config
+from kvq_jax.experiment.data_flags import DEFINE_data_flags
 from kvq_jax.research.sensitivity_runner import run_layer_sensitivity
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "output directory (default runs/sensitivity_<preset>)")
-_EVAL_DATA = flags.DEFINE_string(
-    "eval_data", None, "UTF-8 text file; default: stdlib sources (WORKSPACE.md)")
-_MODEL = flags.DEFINE_string("model", None,
-                             "model name or path; default: config.model")
+_EVAL_DATA, _MODEL = DEFINE_data_flags()
 _FORMATS = flags.DEFINE_list(
     "formats", [], "extra per-tensor formats to measure K-only and V-only "
     "per layer (short names: int8,int4_g32_asym,int2_g32_asym,...)")

@@ -10,14 +10,12 @@ from absl import flags
 
 from kvq_jax.experiment import runner
 from kvq_jax.experiment.config_flag import DEFINE_preset_config
+from kvq_jax.experiment.data_flags import DEFINE_data_flags
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
 _WORKDIR = flags.DEFINE_string("workdir", None,
                                "output directory (default runs/<preset>)")
-_EVAL_DATA = flags.DEFINE_string(
-    "eval_data", None, "UTF-8 text file; default: stdlib sources (WORKSPACE.md)")
-_MODEL = flags.DEFINE_string("model", None,
-                             "model name or path; default: config.model")
+_EVAL_DATA, _MODEL = DEFINE_data_flags()
 _MESH = flags.DEFINE_string(
     "mesh", "", "DATAxMODEL device mesh, e.g. 2x4: windows and KV caches "
     "over 'data', heads over 'model'; '' = one device")

@@ -19,14 +19,12 @@ from absl import app
 from absl import flags
 
 from kvq_jax.experiment.config_flag import DEFINE_preset_config
+from kvq_jax.experiment.data_flags import DEFINE_data_flags
 from kvq_jax.sweep.runner import SweepRequest, run_sweep
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "output directory")
-_EVAL_DATA = flags.DEFINE_string(
-    "eval_data", None, "UTF-8 text file; default: stdlib sources (WORKSPACE.md)")
-_MODEL = flags.DEFINE_string("model", None,
-                             "model name or path; default: config.model")
+_EVAL_DATA, _MODEL = DEFINE_data_flags()
 _FORMATS = flags.DEFINE_list("formats", ["int8", "int4", "int2"],
                              "int8, int4, int3, int2, fp8_e4m3, fp8_e5m2")
 _GROUP_SIZES = flags.DEFINE_list(

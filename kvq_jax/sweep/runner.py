@@ -49,14 +49,12 @@ def _unique(points: list[SweepPoint]) -> list[SweepPoint]:
   Raises ValueError when two different specs share a name (e.g. two preset
   files both called allocated_4.py): the CSV could not tell them apart.
   """
-  names = {}
+  names, seen, out = {}, set(), []
   for p in points:
     if names.setdefault(p.name, p.spec) != p.spec:
       raise ValueError(
           f"sweep: two different points are both named {p.name!r}; "
           "allowed: distinct names (rename one of the preset files).")
-  seen, out = set(), []
-  for p in points:
     if p.spec in seen:
       logging.info("sweep: %s duplicates an earlier point; evaluated once.",
                    p.name)
