@@ -6,14 +6,20 @@ Fields (override any with --config.FIELD=VALUE):
   quantize         False: evaluate the baseline only
   eval.*           num_windows (0 = all), window_len, scoring (all |
                    second_half, llama.cpp's rule), batch_size (windows/step)
-  cache.k, cache.v type (none | int | fp8_e4m3 | fp8_e5m2), bits (int: 8, 4,
-                   3, 2), scheme (symmetric | asymmetric), granularity
-                   (per_token | per_group | per_channel), group_size (0 =
-                   none), clip_ratio, scale_dtype
+  cache.k, cache.v type (none | int | fp8_e4m3 | fp8_e5m2), bits (int: 8, 5,
+                   4, 3, 2), scheme (symmetric: all 2^bits levels, q4_0's
+                   rule | symmetric_narrow: 2^bits - 1 levels, q8_0's |
+                   asymmetric), granularity (per_token | per_group |
+                   per_channel), group_size (0 = none), clip_ratio,
+                   scale_dtype, rounding (kvq: scales rounded up, the
+                   project's rule | ggml: llama.cpp's arithmetic, needs
+                   float16 scales and clip_ratio 1; see configs/q4_0.py)
   cache.dtype      full-precision cache dtype ('' = dtype); bf16/fp16 presets
   cache.residual, cache.flush_block (0 = auto), cache.sink, cache.key_rope
                    (post | pre), cache.hadamard_k, cache.hadamard_v,
-                   cache.block_size, cache.layer_overrides ('0,29:fp/fp;...')
+                   cache.block_size, cache.layer_overrides ('0,29:fp/fp;...'),
+                   cache.window_dtype (bfloat16 | float16 | float32: storage
+                   of the full-precision residual/flush window and sinks)
   attention.impl   xla | pallas (decode attention over the packed cache)
   memory.*         budget_gib and weight_dtype for the context-that-fits
                    and speed-up estimates
@@ -27,11 +33,12 @@ import ml_collections
 
 def kv(type: str = "none", bits: int = 4, scheme: str = "symmetric",  # pylint: disable=redefined-builtin
        granularity: str = "per_group", group_size: int = 32,
-       clip_ratio: float = 1.0,
-       scale_dtype: str = "bfloat16") -> ml_collections.ConfigDict:
+       clip_ratio: float = 1.0, scale_dtype: str = "bfloat16",
+       rounding: str = "kvq") -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       type=type, bits=bits, scheme=scheme, granularity=granularity,
-      group_size=group_size, clip_ratio=clip_ratio, scale_dtype=scale_dtype))
+      group_size=group_size, clip_ratio=clip_ratio, scale_dtype=scale_dtype,
+      rounding=rounding))
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -44,7 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.cache = ml_collections.ConfigDict(dict(
       k=kv(), v=kv(), dtype="", residual=0, flush_block=0, sink=0,
       key_rope="post", hadamard_k=False, hadamard_v=False, block_size=256,
-      layer_overrides=""))
+      layer_overrides="", window_dtype="bfloat16"))
   c.attention = ml_collections.ConfigDict(dict(impl="xla"))
   c.memory = ml_collections.ConfigDict(dict(
       budget_gib=1.0, weight_dtype="bfloat16"))

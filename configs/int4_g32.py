@@ -1,9 +1,11 @@
-"""int4 K and V, symmetric, groups of 32 along head_dim, bfloat16 scales: 4.5 bits/element (llama.cpp q4_0's layout).
+"""int4 K and V, symmetric, groups of 32 along head_dim, bfloat16 scales: 4.5 bits/element.
 
-Measured (SmolLM2-135M-Instruct, WikiText-2 test, 40 windows x 512, second-half
-scoring, float32 compute, 2-core CPU): PPL 26.8235 vs baseline 23.5115
-(dPPL +3.3120), KL 0.11806, top-1 0.8113, 4.500 bits/element,
-6480 bytes/token over 30 layers (measured from the cache leaves).
+The same 16-level set as llama.cpp's q4_0 (scale = signed max / -8), but not
+bit-exact with it: bfloat16 scales rounded up in magnitude and codes rounded
+half to even from the stored scale (rounding='kvq'). configs/q4_0.py is the
+bit-exact q4_0.
+
+Measured: (to be filled by the lead)
 
 Run: python -m experiments.run --config=int4_g32
 """

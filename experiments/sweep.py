@@ -26,10 +26,12 @@ _CONFIG = DEFINE_preset_config("config", default="int4_g32")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "output directory")
 _EVAL_DATA, _MODEL = DEFINE_data_flags()
 _FORMATS = flags.DEFINE_list("formats", ["int8", "int4", "int2"],
-                             "int8, int4, int3, int2, fp8_e4m3, fp8_e5m2")
+                             "int8, int5, int4, int3, int2, fp8_e4m3, fp8_e5m2")
 _GROUP_SIZES = flags.DEFINE_list(
     "group_sizes", ["32"], "elements per group along head_dim; 0 = per_token")
-_SCHEMES = flags.DEFINE_list("schemes", ["sym", "asym"], "sym, asym")
+_SCHEMES = flags.DEFINE_list("schemes", ["sym", "asym"],
+                             "sym (all 2^bits levels), narrow (2^bits - 1), "
+                             "asym")
 _RESIDUALS = flags.DEFINE_list("residuals", ["0"],
                                "full-precision residual windows (tokens)")
 _POINTS = flags.DEFINE_list("points", [], "named points (module docstring)")

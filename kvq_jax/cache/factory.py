@@ -15,9 +15,14 @@ def init_cache(config: ModelConfig, batch_size: int, capacity: int,
                spec: CacheSpec | None = None, dtype=jnp.float32) -> list:
   """Per-layer caches: dense where a layer is full precision, else quantized.
 
-  `dtype` is the full-precision dtype (the dense baseline's storage and the
-  quantized cache's sink/residual buffers).
+  `dtype` is the full-precision dtype (the dense baseline's storage and what
+  the quantized cache quantizes from); the quantized cache's sink/residual
+  buffers use `spec.window_dtype`. A layer override naming a layer the
+  model does not have is a ValueError.
   """
+  if spec is not None:
+    spec.check_num_layers(config.num_layers)
+
   def make(i: int):
     layer = None if spec is None else spec.layer(i)
     if layer is None or layer.is_full_precision:

@@ -3,37 +3,50 @@
 Storage is heads-major, [B, K, C, H] (C = allocated slots, slot = token
 index), as `QuantizedArray`s (packed codes + per-group scales/zeros), or as a
 plain array when only one of K/V is quantized. Full-precision regions (see
-`cache/spec.py`): `sink` slots for the first tokens and a `window` holding the
-tokens [Q(n), n) not yet flushed to storage.
+`cache/spec.py`), in `spec.window_dtype`: `sink` slots for the first tokens
+and, per tensor x in {K, V}, a window holding its tokens [Q_x(n), n) not yet
+flushed to storage (Q_x uses x's own flush block F_x, so a token-local V is
+committed as it is written even when per-channel K waits for its group).
 
-Each `attend` call with T new tokens (old length n0, new length n1):
-  1. builds E, the full-precision tokens [Q(n0), Q(n0) + W + T): the old window
-     followed by the new tokens (keys post-RoPE unless key_rope == 'pre',
-     Hadamard-rotated if asked);
-  2. quantizes E and commits its tokens [Q(n0), Q(n1)) into storage (a
+Each `attend` call with T new tokens (old length n0, new length n1), per
+tensor x:
+  1. builds E_x, x's full-precision tokens [Q_x(n0), Q_x(n0) + W_x + T): the
+     old window followed by the new tokens (keys post-RoPE unless key_rope ==
+     'pre', Hadamard-rotated if asked; rounded to window_dtype when x keeps
+     a window, so a token waits in the same precision in prefill and decode);
+  2. quantizes E_x and commits its tokens [Q_x(n0), Q_x(n1)) into storage (a
      scatter that drops every other row: nothing is written out of range);
-  3. keeps [Q(n1), n1) as the new window and fills the sink slots;
-  4. attends: query token i = n0 + t sees, for every past token j <= i,
-     the full-precision copy if j < S or j >= Q(i + 1), else the dequantized
-     one. That is exactly what streaming decode would hold when it processed
-     token i, so chunked prefill and token-by-token decode agree.
-The storage segment is read block by block (`lax.scan`, online softmax), so a
-decode step dequantizes `block_size` slots at a time and never materializes a
-full-precision copy of the cache; the full-precision segments are merged by
-log-sum-exp.
+  3. keeps [Q_x(n1), n1) as the new window and fills the sink slots.
+Then it attends: query token i = n0 + t sees, for every past token j <= i,
+x's full-precision copy if j < S or j >= Q_x(i + 1), else the dequantized
+one. That is exactly what streaming decode would hold when it processed
+token i, so chunked prefill and token-by-token decode agree. With F_lo >= F_hi
+the tensor that commits last ("lo", smaller Q), the past splits into
+  sinks [0, S)                    both full precision
+  storage [S, Q_lo(i + 1))        both dequantized, read block by block
+  mixed [Q_lo(i + 1), Q_hi(i + 1)) lo full precision, hi dequantized
+  window [Q_hi(i + 1), i]         both full precision.
+The storage segment is read block by block (`lax.fori_loop` with online
+softmax) and only up to the longest filled length in the batch, so a decode
+step's work grows with the tokens held, not with the capacity; it never
+materializes a full-precision copy of the cache. The other segments are
+merged by log-sum-exp.
 
 With `spec.attention_impl` selecting "pallas", a decode step (T == 1) reads
-the storage segment [S, Q(n0 + 1)) with the flash-decoding kernel of
-`kvq_jax.kernels` instead of the scan (start_B = S, length_B = Q(n0 + 1)); its
-(out, lse) is merged with the full-precision state by log-sum-exp. The kernel
-dots the stored keys with the query directly, so it cannot read pre-RoPE keys,
-and it needs packed int8/int4/int2 storage for both K and V; where it cannot
-run, an explicit "pallas" raises ValueError and a tuple such as
-("pallas", "xla") falls back to the scan with a warning (at trace time).
-Prefill (T > 1) always uses the scan.
+the storage segment [S, Q_lo(n0 + 1)) with the flash-decoding kernel of
+`kvq_jax.kernels` instead of the loop (start_B = S, length_B = Q_lo(n0 + 1));
+its (out, lse) is merged with the other segments by log-sum-exp. The kernel
+dots the stored keys with the query directly, so it cannot read pre-RoPE
+keys, and it needs packed int8/int4/int2 storage for both K and V; where it
+cannot run, an explicit "pallas" raises ValueError and a tuple such as
+("pallas", "xla") falls back to the loop with a warning (at trace time).
+Prefill (T > 1) always uses the loop.
 
 Positions: the cache assumes token i sits at position i (slot == position),
-which is what pre-RoPE keys are rotated with at read time.
+which is what pre-RoPE keys are rotated with at read time. With
+key_rope='pre', other positions are refused (`check_positions`: eagerly
+here when the positions are concrete, and by `Runtime` before every jitted
+call).
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from kvq_jax.cache import hadamard
@@ -61,10 +75,36 @@ def _round_up(x: int, m: int) -> int:
   return -(-x // m) * m
 
 
-def committed_end(n: jax.Array, spec: LayerSpec) -> jax.Array:
-  """Q(n): tokens [S, Q(n)) are in quantized storage after n tokens."""
-  s, r, f = spec.sink, spec.residual, spec.flush_block
+def committed_end(n: jax.Array, spec: LayerSpec,
+                  flush: int | None = None) -> jax.Array:
+  """Q(n): tokens [S, Q(n)) are in quantized storage after n tokens.
+
+  `flush` None uses the larger of F_k, F_v (the tensor that commits last).
+  """
+  s, r = spec.sink, spec.residual
+  f = spec.flush_block if flush is None else flush
   return s + f * (jnp.maximum(0, n - s - r) // f)
+
+
+def check_positions(spec: LayerSpec, positions_BxT, length_B) -> None:
+  """ValueError if pre-RoPE keys would be rotated by the wrong positions.
+
+  With key_rope='pre' the cache rotates a stored key by its slot index at
+  read time, so token t of sequence b must sit at position length_b + t.
+  Only concrete (non-traced) arrays are checked.
+  """
+  if spec.key_rope != "pre" or isinstance(positions_BxT, jax.core.Tracer) \
+      or isinstance(length_B, jax.core.Tracer):
+    return
+  positions = np.asarray(positions_BxT)
+  expected = (np.asarray(length_B)[:, None]
+              + np.arange(positions.shape[1])[None, :])
+  if not np.array_equal(positions, expected):
+    raise ValueError(
+        "key_rope='pre' rotates stored keys by their slot index, so the "
+        "positions must equal length_b + [0, T) (got positions "
+        f"{positions.tolist()[:2]}..., expected {expected.tolist()[:2]}...); "
+        "use key_rope='post' for arbitrary positions.")
 
 
 def _group(spec: QuantSpec | None) -> int:
@@ -112,10 +152,20 @@ def _scatter_tokens(store: Store, rows: Store, slots_L: jax.Array,
 
 
 def _slice_store(store: Store, start: jax.Array, size: int,
-                 spec: QuantSpec | None) -> Store:
-  """Slots [start, start + size) of [B, K, C, ...] storage (start % g == 0)."""
+                 spec: QuantSpec | None, fill: bool = False) -> Store:
+  """Slots [start, start + size) of [B, K, C, ...] storage (start % g == 0).
+
+  `fill` reads slots past the allocation as zeros (a gather); otherwise the
+  slice must lie inside it (a dynamic slice, which would clamp the start).
+  `start` is a scalar, or [B] with `fill`.
+  """
   def take(x, begin, length):
-    return jax.lax.dynamic_slice_in_dim(x, begin, length, axis=2)
+    if not fill:
+      return jax.lax.dynamic_slice_in_dim(x, begin, length, axis=2)
+    index = jnp.reshape(begin, (-1, 1)) + jnp.arange(length)
+    index = jnp.broadcast_to(index, (x.shape[0], length))
+    return jax.vmap(lambda xb, ib: jnp.take(xb, ib, axis=1, mode="fill",
+                                            fill_value=0))(x, index)
 
   if spec is None:
     return take(store, start, size)
@@ -136,8 +186,10 @@ def _read(store: Store, spec: QuantSpec | None) -> jax.Array:
 
 @struct.dataclass
 class QuantizedLayerCache:
-  """See the module docstring. Shapes: storage [B, K, C, H], window
-  [B, K, W, H], sink [B, K, S, H] (W = spec.window, S = spec.sink)."""
+  """See the module docstring. Shapes: storage [B, K, C, H], windows
+  [B, K, W_k, H] and [B, K, W_v, H], sinks [B, K, S, H] (W_x =
+  spec.window_of(x), S = spec.sink); windows and sinks in spec.window_dtype.
+  """
 
   k_store: Store
   v_store: Store
@@ -153,6 +205,9 @@ class QuantizedLayerCache:
   def create(cls, spec: LayerSpec, batch_size: int, capacity: int,
              num_kv_heads: int, head_dim: int,
              dtype=jnp.float32) -> QuantizedLayerCache:
+    """`dtype`: the compute dtype quantization starts from (and the storage
+    of a tensor left unquantized); full-precision regions use
+    `spec.window_dtype`."""
     if not isinstance(capacity, int) or capacity < 1:
       raise ValueError(
           f"QuantizedLayerCache.capacity={capacity!r}: must be a positive "
@@ -161,17 +216,23 @@ class QuantizedLayerCache:
       hadamard.hadamard_matrix_np(head_dim)  # validates power of two.
     allocated = _round_up(capacity, spec.block_size)
     b, k, h = batch_size, num_kv_heads, head_dim
-    full = lambda n: jnp.zeros((b, k, n, h), dtype)
+    full = lambda n: jnp.zeros((b, k, n, h), spec.window_dtype)
     return cls(
         k_store=_empty_store(spec.k, (b, k, allocated, h), dtype),
         v_store=_empty_store(spec.v, (b, k, allocated, h), dtype),
-        window_k=full(spec.window), window_v=full(spec.window),
+        window_k=full(spec.window_of("k")), window_v=full(spec.window_of("v")),
         sink_k=full(spec.sink), sink_v=full(spec.sink),
         length_B=jnp.zeros((b,), jnp.int32), capacity=capacity, spec=spec)
 
   @property
   def allocated_slots(self) -> int:
     return self.k_store.shape[2]
+
+  @property
+  def dtype(self) -> jnp.dtype:
+    """The compute dtype the cache was created with (see `create`)."""
+    store = self.k_store
+    return jnp.dtype(store.dtype)
 
   def storage_leaves(self) -> list[jax.Array]:
     """Leaves whose size grows with capacity (packed data, scales, zeros)."""
@@ -184,53 +245,55 @@ class QuantizedLayerCache:
   # -- writing -------------------------------------------------------------
 
   def _update(self, k_new_BxKxTxH, v_new_BxKxTxH):
-    """Steps 1-3 of the module docstring; returns (new cache, E_k, E_v, Qs)."""
+    """Steps 1-3 of the module docstring for K and V.
+
+    Returns (new cache, {name: (E [B, K, L_x, H] float32, Q_x(n0) [B])}).
+    """
     spec = self.spec
     t = k_new_BxKxTxH.shape[2]
-    w, s = spec.window, spec.sink
-    g = math.lcm(_group(spec.k), _group(spec.v))
-    size_e = _round_up(w + t, g)  # E tokens [Qs, Qs + size_e).
+    s = spec.sink
+    wdtype = jnp.dtype(spec.window_dtype)
+    g_all = math.lcm(_group(spec.k), _group(spec.v))
 
-    def one(k_store, v_store, win_k, win_v, sink_k, sink_v, n0, k_new, v_new):
+    def one_tensor(store, win, sink, n0, new, qspec, flush):
+      """One sequence, one tensor; store/win/sink/new are [K, *, H]."""
+      w = win.shape[1]
       n1 = n0 + t
-      qs, q1 = committed_end(n0, spec), committed_end(n1, spec)
+      qs = committed_end(n0, spec, flush)
+      q1 = committed_end(n1, spec, flush)
+      size_e = _round_up(w + t, g_all)
       tok_L = qs + jnp.arange(size_e)
       from_new = jnp.clip(tok_L - n0, 0, t - 1)
+      if w:  # Tokens that may wait in the window are rounded as stored.
+        new = new.astype(wdtype)
+      new = new.astype(jnp.float32)
+      win_pad = jnp.pad(win.astype(jnp.float32),
+                        ((0, 0), (0, size_e - w), (0, 0)))
+      e = jnp.where((tok_L < n0)[None, :, None], win_pad, new[:, from_new])
+      e = jnp.where((tok_L < n1)[None, :, None], e, 0)
+      rows = (e.astype(self.dtype) if qspec is None
+              else quantize(e.astype(self.dtype), qspec))
+      store = _scatter_tokens(store, rows, tok_L, qspec, tok_L < q1)
+      e_pad = jnp.pad(e, ((0, 0), (0, w), (0, 0)))
+      new_win = jax.lax.dynamic_slice_in_dim(e_pad, q1 - qs, w, axis=1)
+      j_S = jnp.arange(s)
+      fresh = new[:, jnp.clip(j_S - n0, 0, t - 1)]
+      take = ((j_S >= n0) & (j_S < n1))[None, :, None]
+      new_sink = jnp.where(take, fresh.astype(wdtype), sink)
+      return store, new_win.astype(wdtype), new_sink, e, qs
 
-      def extend(win, new):
-        win_pad = jnp.pad(win, ((0, 0), (0, size_e - w), (0, 0)))
-        e = jnp.where((tok_L < n0)[None, :, None], win_pad,
-                      new[:, from_new].astype(win.dtype))
-        return jnp.where((tok_L < n1)[None, :, None], e, 0)
-
-      e_k, e_v = extend(win_k, k_new), extend(win_v, v_new)
-      keep_L = tok_L < q1
-      stores = []
-      for store, e, qspec in ((k_store, e_k, spec.k), (v_store, e_v, spec.v)):
-        rows = e if qspec is None else quantize(e, qspec)
-        stores.append(_scatter_tokens(store, rows, tok_L, qspec, keep_L))
-
-      def new_window(e):
-        e_pad = jnp.pad(e, ((0, 0), (0, w), (0, 0)))
-        return jax.lax.dynamic_slice_in_dim(e_pad, q1 - qs, w, axis=1)
-
-      def new_sink(sink, new):
-        j_S = jnp.arange(s)
-        fresh = new[:, jnp.clip(j_S - n0, 0, t - 1)].astype(sink.dtype)
-        take = ((j_S >= n0) & (j_S < n1))[None, :, None]
-        return jnp.where(take, fresh, sink)
-
-      return (stores[0], stores[1], new_window(e_k), new_window(e_v),
-              new_sink(sink_k, k_new), new_sink(sink_v, v_new), e_k, e_v, qs)
-
-    (k_store, v_store, win_k, win_v, sink_k, sink_v, e_k, e_v,
-     qs_B) = jax.vmap(one)(self.k_store, self.v_store, self.window_k,
-                           self.window_v, self.sink_k, self.sink_v,
-                           self.length_B, k_new_BxKxTxH, v_new_BxKxTxH)
+    out = {}
+    for name, store, win, sink, new in (
+        ("k", self.k_store, self.window_k, self.sink_k, k_new_BxKxTxH),
+        ("v", self.v_store, self.window_v, self.sink_v, v_new_BxKxTxH)):
+      fn = lambda *a, q=getattr(spec, name), f=spec.flush(name): one_tensor(
+          *a, q, f)
+      out[name] = jax.vmap(fn)(store, win, sink, self.length_B, new)
     new_cache = self.replace(
-        k_store=k_store, v_store=v_store, window_k=win_k, window_v=win_v,
-        sink_k=sink_k, sink_v=sink_v, length_B=self.length_B + t)
-    return new_cache, e_k, e_v, qs_B
+        k_store=out["k"][0], v_store=out["v"][0], window_k=out["k"][1],
+        window_v=out["v"][1], sink_k=out["k"][2], sink_v=out["v"][2],
+        length_B=self.length_B + t)
+    return new_cache, {name: (o[3], o[4]) for name, o in out.items()}
 
   # -- reading -------------------------------------------------------------
 
@@ -247,9 +310,9 @@ class QuantizedLayerCache:
              v_BxTxKxH: jax.Array, positions_BxT: jax.Array,
              rope: Rope) -> tuple[jax.Array, QuantizedLayerCache]:
     spec = self.spec
+    check_positions(spec, positions_BxT, self.length_B)
     b, t, n, h = q_BxTxNxH.shape
     kh = k_BxTxKxH.shape[2]
-    dtype = self.window_k.dtype
     k_new = k_BxTxKxH if spec.key_rope == "pre" else rope(k_BxTxKxH,
                                                           positions_BxT)
     k_new = jnp.swapaxes(k_new, 1, 2).astype(jnp.float32)
@@ -259,49 +322,73 @@ class QuantizedLayerCache:
     if spec.hadamard_v:
       v_new = hadamard.rotate(v_new)
     n0_B = self.length_B
-    new_cache, e_k, e_v, qs_B = self._update(k_new.astype(dtype),
-                                             v_new.astype(dtype))
+    new_cache, fresh = self._update(k_new.astype(self.dtype),
+                                    v_new.astype(self.dtype))
 
     q = q_BxTxNxH.astype(jnp.float32) * (h ** -0.5)
     if spec.hadamard_k and spec.key_rope == "post":
       q = hadamard.rotate(q)
     q_BxKxGxTxH = jnp.moveaxis(q.reshape(b, t, kh, n // kh, h), 1, 3)
     query_tok_BxT = n0_B[:, None] + jnp.arange(t)[None, :]
-    q_end_BxT = committed_end(query_tok_BxT + 1, spec)
+    lo, hi = ("k", "v") if spec.flush_k >= spec.flush_v else ("v", "k")
+    lo_end_BxT = committed_end(query_tok_BxT + 1, spec, spec.flush(lo))
+    hi_end_BxT = committed_end(query_tok_BxT + 1, spec, spec.flush(hi))
+    causal = lambda tok_BxL: tok_BxL[:, None, :] <= query_tok_BxT[:, :, None]
 
-    # Full-precision segment: sinks then E.
+    # E range of the tensor that commits last: [Q_lo(n0), ...).
+    e_lo, qs_lo_B = fresh[lo]
+    e_hi, qs_hi_B = fresh[hi]
+    size_e = e_lo.shape[2]
+    tok_BxL = qs_lo_B[:, None] + jnp.arange(size_e)[None, :]
+    index_BxL = jnp.clip(tok_BxL - qs_hi_B[:, None], 0, e_hi.shape[2] - 1)
+    e_hi = jnp.take_along_axis(e_hi, index_BxL[:, None, :, None], axis=2)
+    fp = {lo: e_lo, hi: e_hi}
+    window_mask = causal(tok_BxL) & (tok_BxL[:, None, :]
+                                     >= hi_end_BxT[:, :, None])
+    state = _block_attention(
+        q_BxKxGxTxH, self._keys_for_scores(fp["k"], tok_BxL, rope), fp["v"],
+        window_mask)
     s = spec.sink
-    fp_tok_BxL = jnp.concatenate(
-        [jnp.broadcast_to(jnp.arange(s), (b, s)),
-         qs_B[:, None] + jnp.arange(e_k.shape[2])[None, :]], axis=1)
-    fp_k = jnp.concatenate([new_cache.sink_k, e_k], axis=2).astype(jnp.float32)
-    fp_v = jnp.concatenate([new_cache.sink_v, e_v], axis=2).astype(jnp.float32)
-    fp_k = self._keys_for_scores(fp_k, fp_tok_BxL, rope)
-    is_sink_L = jnp.arange(fp_tok_BxL.shape[1]) < s
-    fp_mask = ((fp_tok_BxL[:, None, :] <= query_tok_BxT[:, :, None])
-               & (is_sink_L[None, None, :]
-                  | (fp_tok_BxL[:, None, :] >= q_end_BxT[:, :, None])))
-    state = _block_attention(q_BxKxGxTxH, fp_k, fp_v, fp_mask)
+    if s:  # Sinks: both full precision.
+      sink_tok_BxS = jnp.broadcast_to(jnp.arange(s), (b, s))
+      state = _merge(state, _block_attention(
+          q_BxKxGxTxH,
+          self._keys_for_scores(new_cache.sink_k.astype(jnp.float32),
+                                sink_tok_BxS, rope),
+          new_cache.sink_v.astype(jnp.float32), causal(sink_tok_BxS)))
+    if spec.flush_k != spec.flush_v:  # The mixed segment.
+      hi_store = new_cache.k_store if hi == "k" else new_cache.v_store
+      dq_hi = _read(_slice_store(hi_store, qs_lo_B, size_e, getattr(spec, hi),
+                                 fill=True), getattr(spec, hi))
+      mixed = {lo: e_lo, hi: dq_hi}
+      mixed_mask = (causal(tok_BxL)
+                    & (tok_BxL[:, None, :] >= lo_end_BxT[:, :, None])
+                    & (tok_BxL[:, None, :] < hi_end_BxT[:, :, None]))
+      state = _merge(state, _block_attention(
+          q_BxKxGxTxH, self._keys_for_scores(mixed["k"], tok_BxL, rope),
+          mixed["v"], mixed_mask))
 
-    # Quantized storage, block by block.
+    # Quantized storage [S, Q_lo(i + 1)), block by block up to the longest.
     blk = spec.block_size
     num_blocks = self.allocated_slots // blk
 
-    def body(carry, index):
+    def body(index, carry):
       start = index * blk
       kb = _read(_slice_store(new_cache.k_store, start, blk, spec.k), spec.k)
       vb = _read(_slice_store(new_cache.v_store, start, blk, spec.v), spec.v)
-      tok_BxL = jnp.broadcast_to(start + jnp.arange(blk), (b, blk))
-      kb = self._keys_for_scores(kb, tok_BxL, rope)
-      mask = ((tok_BxL[:, None, :] >= s)
-              & (tok_BxL[:, None, :] < q_end_BxT[:, :, None]))
-      return _merge(carry, _block_attention(q_BxKxGxTxH, kb, vb, mask)), None
+      blk_tok_BxL = jnp.broadcast_to(start + jnp.arange(blk), (b, blk))
+      kb = self._keys_for_scores(kb, blk_tok_BxL, rope)
+      mask = ((blk_tok_BxL[:, None, :] >= s)
+              & (blk_tok_BxL[:, None, :] < lo_end_BxT[:, :, None]))
+      return _merge(carry, _block_attention(q_BxKxGxTxH, kb, vb, mask))
 
-    if t == 1 and self._decode_impl(q_BxTxNxH, q_end_BxT[:, 0]) == "pallas":
+    if t == 1 and self._decode_impl(q_BxTxNxH, lo_end_BxT[:, 0]) == "pallas":
       state = _merge(state, self._storage_state_pallas(
-          new_cache, q_BxTxNxH, q_end_BxT[:, 0]))
+          new_cache, q_BxTxNxH, lo_end_BxT[:, 0]))
     else:
-      state, _ = jax.lax.scan(body, state, jnp.arange(num_blocks))
+      filled_blocks = jnp.minimum(
+          (jnp.max(lo_end_BxT) + blk - 1) // blk, num_blocks)
+      state = jax.lax.fori_loop(0, filled_blocks, body, state)
     m, l, acc = state
     out_BxKxGxTxH = acc / l[..., None]
     if spec.hadamard_v:

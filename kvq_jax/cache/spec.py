@@ -6,16 +6,22 @@ along head_dim (axis -1) and per_channel specs group along the tokens
 (axis -2, KIVI's per-channel keys). `CacheSpec` rewrites the user's
 `QuantSpec.axis` into that layout (`layer(i)` returns the rewritten specs).
 
-Full-precision regions (all in the compute dtype):
+Full-precision regions (stored in `window_dtype`, bfloat16 by default, and
+charged in every byte count; see `kvq_jax.experiment.memory`):
   * `sink`: the first S tokens of every sequence (KVQuant's attention sinks).
   * `residual`: the most recent R tokens (KIVI). Older tokens are flushed into
-    quantized storage in blocks of `flush_block` tokens: after n tokens the
-    quantized region is [S, Q(n)) with
+    quantized storage in blocks of F tokens, F chosen per tensor (K and V
+    separately): after n tokens a tensor's quantized region is [S, Q(n)) with
         Q(n) = S + F * floor(max(0, n - S - R) / F),
-    so between R and R + F - 1 of the newest tokens stay full precision.
-    R = 0, F = 1 quantizes every token as it is written (llama.cpp).
-  Per-channel groups must close before they are quantized, so F (and S) must
-  be multiples of every per-channel group size.
+    so between R and R + F - 1 of its newest tokens stay full precision.
+  F is `flush_block` when it is set (then for K and V alike), else the token
+  group of a per-channel tensor (its groups must close before they are
+  quantized) and 1 for a token-local one (per_token / per_group): with R = 0
+  and S = 0 a token-local tensor is committed to quantized storage as it is
+  written (llama.cpp) and holds no full-precision token at all. So kvq4-style
+  per-channel keys with per-group values keep up to 31 keys in full
+  precision and no value. An explicit F (and S) must be a multiple of every
+  per-channel group size.
 
 Decode attention over the storage (`attention_impl`): "xla" (a blockwise
 online-softmax scan in jnp), "pallas" (the flash-decoding kernel of
@@ -37,6 +43,7 @@ from kvq_jax.kernels.dispatch import normalize_implementation
 from kvq_jax.quant import QuantSpec
 
 KEY_ROPE = ("post", "pre")
+WINDOW_DTYPES = ("bfloat16", "float16", "float32")
 
 AttentionImpl = str | tuple[str, ...]
 
@@ -78,6 +85,13 @@ def _to_cache_layout(spec: QuantSpec | None, name: str) -> QuantSpec | None:
   return dataclasses.replace(spec, axis=axis)
 
 
+def _check_window_dtype(value) -> None:
+  if value not in WINDOW_DTYPES:
+    raise ValueError(
+        f"CacheSpec.window_dtype={value!r}: allowed: "
+        f"{', '.join(WINDOW_DTYPES)}.")
+
+
 def _channel_group(spec: QuantSpec | None) -> int:
   if spec is not None and spec.granularity == "per_channel":
     if spec.group_size is None:
@@ -95,7 +109,8 @@ class LayerSpec:
   k: QuantSpec | None
   v: QuantSpec | None
   residual: int = 0
-  flush_block: int = 1
+  flush_k: int = 1
+  flush_v: int = 1
   sink: int = 0
   key_rope: str = "post"
   hadamard_k: bool = False
@@ -103,11 +118,18 @@ class LayerSpec:
   block_size: int = 256
   attention_impl: AttentionImpl = "xla"
   interpret: bool | None = None
+  window_dtype: str = "bfloat16"
 
   def __post_init__(self):
     object.__setattr__(self, "attention_impl",
                        _attention_impl(self.attention_impl))
     _check_interpret(self.interpret)
+    _check_window_dtype(self.window_dtype)
+    small, large = sorted((self.flush_k, self.flush_v))
+    if small < 1 or large % small:
+      raise ValueError(
+          f"LayerSpec: flush_k={self.flush_k}, flush_v={self.flush_v}: both "
+          "must be >= 1 and one must divide the other.")
 
   @property
   def is_full_precision(self) -> bool:
@@ -140,10 +162,28 @@ class LayerSpec:
                 f"{', '.join(SUPPORTED_FORMATS)}.")
     return None
 
+  def flush(self, name: str) -> int:
+    """F of tensor `name` ('k' or 'v')."""
+    return self.flush_k if name == "k" else self.flush_v
+
+  def window_of(self, name: str) -> int:
+    """Full-precision slots kept for tensor `name`'s newest tokens: R + F - 1."""
+    return self.residual + self.flush(name) - 1
+
+  @property
+  def flush_block(self) -> int:
+    """The larger F: the tensor that commits last (smallest Q(n))."""
+    return max(self.flush_k, self.flush_v)
+
   @property
   def window(self) -> int:
-    """Full-precision slots kept for the newest tokens: R + F - 1."""
+    """The larger of the two full-precision windows, R + max(F_k, F_v) - 1."""
     return self.residual + self.flush_block - 1
+
+  @property
+  def full_precision_slots(self) -> dict[str, int]:
+    """Full-precision slots per tensor ({'k': S + W_k, 'v': S + W_v})."""
+    return {name: self.sink + self.window_of(name) for name in ("k", "v")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +195,8 @@ class CacheSpec:
     layer_overrides: ((layer, k_spec, v_spec), ...) replacing k/v for the
       named layers (None = full precision there).
     residual, flush_block, sink: full-precision regions (module docstring);
-      flush_block None means the largest per-channel group size, else 1.
+      flush_block None means: per tensor, its per-channel token group, or 1
+      for a token-local tensor (committed as written).
     key_rope: "post" quantizes keys after RoPE; "pre" before it, RoPE being
       applied to the dequantized keys at read time (KVQuant).
     hadamard_k, hadamard_v: rotate head_dim by an orthonormal Hadamard matrix
@@ -166,6 +207,9 @@ class CacheSpec:
       ordered tuple of them (module docstring); lists become tuples.
     interpret: run the Pallas kernel in interpret mode; None = auto (on the
       cpu backend only).
+    window_dtype: storage dtype of the full-precision regions (residual
+      window, flush window, sinks): bfloat16 (default, as KIVI and Hugging
+      Face keep their residual), float16 or float32.
   """
 
   k: QuantSpec | None = None
@@ -180,11 +224,13 @@ class CacheSpec:
   block_size: int = 256
   attention_impl: AttentionImpl = "xla"
   interpret: bool | None = None
+  window_dtype: str = "bfloat16"
 
   def __post_init__(self):
     object.__setattr__(self, "attention_impl",
                        _attention_impl(self.attention_impl))
     _check_interpret(self.interpret)
+    _check_window_dtype(self.window_dtype)
     for name in ("residual", "sink"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 0:
@@ -210,16 +256,18 @@ class CacheSpec:
     object.__setattr__(self, "layer_overrides", tuple(overrides))
     groups = [_channel_group(s) for s in self._all_specs()]
     needed = math.lcm(*groups) if groups else 1
-    flush = self.flush_block if self.flush_block is not None else needed
-    if not isinstance(flush, int) or flush < 1 or flush % needed:
+    flush = self.flush_block
+    if flush is not None and (isinstance(flush, bool)
+                              or not isinstance(flush, int) or flush < 1
+                              or flush % needed):
       raise ValueError(
           f"CacheSpec.flush_block={self.flush_block!r}: must be a positive "
-          f"multiple of the per-channel token group ({needed}).")
+          f"multiple of the per-channel token group ({needed}), or None "
+          "(per tensor: its per-channel group, 1 for token-local tensors).")
     if self.sink % needed or self.block_size % needed:
       raise ValueError(
           f"CacheSpec.sink={self.sink} and block_size={self.block_size} must "
           f"be multiples of the per-channel token group ({needed}).")
-    object.__setattr__(self, "flush_block", flush)
     for i, (k, v) in enumerate([(self.k, self.v)] + [o[1:] for o in overrides]):
       _to_cache_layout(k, "k" if i == 0 else f"layer_overrides[{i-1}].k")
       _to_cache_layout(v, "v" if i == 0 else f"layer_overrides[{i-1}].v")
@@ -246,6 +294,19 @@ class CacheSpec:
       specs += [k, v]
     return specs
 
+  def check_num_layers(self, num_layers: int) -> None:
+    """ValueError if a layer override names a layer the model does not have."""
+    for layer, _, _ in self.layer_overrides:
+      if layer >= num_layers:
+        raise ValueError(
+            f"CacheSpec.layer_overrides names layer {layer}, but the model "
+            f"has {num_layers} layers; allowed: 0..{num_layers - 1}.")
+
+  def _flush(self, spec: QuantSpec | None) -> int:
+    if self.flush_block is not None:
+      return self.flush_block
+    return _channel_group(spec)
+
   def layer(self, index: int) -> LayerSpec:
     k, v = self.k, self.v
     for layer, ko, vo in self.layer_overrides:
@@ -253,6 +314,6 @@ class CacheSpec:
         k, v = ko, vo
     shared = {f.name: getattr(self, f.name)
               for f in dataclasses.fields(LayerSpec)
-              if f.name not in ("k", "v")}
+              if f.name not in ("k", "v", "flush_k", "flush_v")}
     return LayerSpec(k=_to_cache_layout(k, "k"), v=_to_cache_layout(v, "v"),
-                     **shared)
+                     flush_k=self._flush(k), flush_v=self._flush(v), **shared)

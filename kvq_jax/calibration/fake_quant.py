@@ -5,7 +5,10 @@ spec in the cache's heads-major layout [B, K, T, H] (per_token / per_group
 group along head_dim, axis -1; per_channel along tokens, axis -2; see
 `kvq_jax.cache.spec`), except that scales and zeros stay float32 (the cache
 rounds them up to `spec.scale_dtype`, a relative change below 2^-8 for
-bfloat16). Rounding is the straight-through estimator
+bfloat16). The schemes follow the library: symmetric uses all 2^b codes with
+a signed scale from the group's signed max times the clip ratio,
+symmetric_narrow 2^b - 1 codes from the absmax, asymmetric shrinks [min, max]
+around its centre. Rounding is the straight-through estimator
 x + stop_gradient(round(x) - x), so the gradient with respect to the clip
 ratio is LSQ's: inside the range it is round(x/s) - x/s, at saturation the
 clamp level.
@@ -38,32 +41,47 @@ def _grouped(x: jax.Array, spec: QuantSpec):
       axis + 1)
 
 
+def _signed_absmax(xg: jax.Array, red: int) -> jax.Array:
+  """The first value of largest magnitude along axis `red` (keepdims)."""
+  index = jnp.argmax(jnp.abs(xg), axis=red, keepdims=True)
+  return jnp.take_along_axis(xg, index, axis=red)
+
+
 def fake_quant(x: jax.Array, spec: QuantSpec, clip: jax.Array) -> jax.Array:
   """dequantize(quantize(x)) with clip ratio `clip` (a traced scalar, or an
   array broadcastable against x's grouped view), differentiable in `clip`.
 
-  `spec.clip_ratio` is ignored: `clip` replaces it.
+  `spec.clip_ratio` is ignored: `clip` replaces it. `spec.rounding` is
+  ignored too: codes always use kvq's rounding (round half to even from the
+  float32 scale); ggml's differs only at ties and by its float16 scales.
   """
   shape = x.shape
   xg, red = _grouped(x.astype(jnp.float32), spec)
   tiny = jnp.finfo(jnp.float32).tiny
-  if spec.scheme == "symmetric":
+  if spec.is_float:
     amax = jnp.max(jnp.abs(xg), axis=red, keepdims=True) * clip
-    if spec.is_float:
-      fmax = float(jnp.finfo(spec.fp8_dtype).max)
-      scale = jnp.maximum(amax / fmax, tiny)
-      y = jnp.clip(xg / scale, -fmax, fmax)
-      q = y + jax.lax.stop_gradient(
-          y.astype(spec.fp8_dtype).astype(jnp.float32) - y)
-    else:
-      qmax = 2 ** (spec.bits - 1) - 1
-      scale = jnp.maximum(amax / qmax, tiny)
-      q = jnp.clip(ste_round(xg / scale), -qmax - 1, qmax)
-    out = q * scale
+    fmax = float(jnp.finfo(spec.fp8_dtype).max)
+    scale = jnp.maximum(amax / fmax, tiny)
+    y = jnp.clip(xg / scale, -fmax, fmax)
+    out = (y + jax.lax.stop_gradient(
+        y.astype(spec.fp8_dtype).astype(jnp.float32) - y)) * scale
+  elif spec.scheme == "symmetric":
+    half = 2 ** (spec.bits - 1)
+    m = _signed_absmax(xg, red) * clip
+    mag = jnp.maximum(jnp.abs(m) / half, tiny)
+    scale = jnp.where(m > 0, -mag, mag)
+    out = jnp.clip(ste_round(xg / scale), -half, half - 1) * scale
+  elif spec.scheme == "symmetric_narrow":
+    qmax = 2 ** (spec.bits - 1) - 1
+    amax = jnp.max(jnp.abs(xg), axis=red, keepdims=True) * clip
+    scale = jnp.maximum(amax / qmax, tiny)
+    out = jnp.clip(ste_round(xg / scale), -qmax - 1, qmax) * scale
   else:
     levels = 2 ** spec.bits - 1
-    lo = jnp.min(xg, axis=red, keepdims=True) * clip
-    hi = jnp.max(xg, axis=red, keepdims=True) * clip
+    lo = jnp.min(xg, axis=red, keepdims=True)
+    hi = jnp.max(xg, axis=red, keepdims=True)
+    shrink = (1.0 - clip) * (hi * 0.5 - lo * 0.5)  # Around the centre.
+    lo, hi = lo + shrink, hi - shrink
     scale = jnp.maximum((hi - lo) / levels, tiny)
     u = jnp.clip(ste_round((xg - lo) / scale), 0, levels)
     out = u * scale + lo

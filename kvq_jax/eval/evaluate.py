@@ -2,6 +2,8 @@
 
 Both passes see the same windows in the same batches; per-token metrics are
 computed on device and only the scored predictions come back to the host.
+They are kept per window ([W, N]) so that the quantized run's paired
+statistics (`eval.paired`) can treat each window as one correlated cluster.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kvq_jax.eval.paired import PairedStats, paired_stats
 from kvq_jax.eval.perplexity import Perplexity, perplexity_from_nll
 from kvq_jax.eval.token_metrics import compare_logits, next_token_nll
 
@@ -21,6 +24,14 @@ Forward = Callable[[np.ndarray], jax.Array]  # tokens [B, T] -> logits [B, T, V]
 
 @dataclasses.dataclass(frozen=True)
 class EvalResult:
+  """One run's scores; `quant`, `kl_mean`, `top1_agreement` and `paired` are
+  None for a baseline-only run.
+
+  `baseline.stderr`/`quant.stderr` are llama.cpp's per-token standard errors
+  (kept for comparison with llama.cpp); the quantized-vs-baseline
+  uncertainties in `paired` are clustered over windows (`eval.paired`).
+  """
+
   baseline: Perplexity
   quant: Perplexity | None
   kl_mean: float | None
@@ -28,6 +39,7 @@ class EvalResult:
   num_windows: int
   window_len: int
   num_scored_tokens: int
+  paired: PairedStats | None = None
 
   def metrics(self) -> dict[str, float | int]:
     out = {
@@ -45,6 +57,8 @@ class EvalResult:
           "kl_mean": self.kl_mean,
           "top1_agreement": self.top1_agreement,
       })
+    if self.paired is not None:
+      out.update(self.paired.metrics())
     return out
 
 
@@ -71,8 +85,9 @@ def evaluate_many(windows_WxT: np.ndarray, mask_T: np.ndarray,
                   ) -> dict[str | None, EvalResult]:
   """One baseline pass per batch shared by every quantized forward.
 
-  Returns {name: EvalResult} per entry of `quants`, and {None: baseline-only
-  EvalResult} when `quants` is empty.
+  Returns {name: EvalResult} per entry of `quants` (with window-clustered
+  `paired` statistics), and {None: baseline-only EvalResult} when `quants`
+  is empty.
   """
   num_windows, window_len = windows_WxT.shape
   if batch_size < 1:
@@ -93,13 +108,17 @@ def evaluate_many(windows_WxT: np.ndarray, mask_T: np.ndarray,
       progress(min(start + batch_size, num_windows), num_windows)
   results = {}
   for name, lists in collected.items():
-    flat = {k: np.concatenate(v).ravel() for k, v in lists.items()}
-    has_quant = name is not None
+    per_window = {k: np.concatenate(v, axis=0) for k, v in lists.items()}
+    baseline_ppl = perplexity_from_nll(per_window["nll_base"])
+    quant_ppl, paired = None, None
+    if name is not None:  # Perplexity first: it rejects non-finite NLLs.
+      quant_ppl = perplexity_from_nll(per_window["nll_quant"])
+      paired = paired_stats(per_window["nll_base"], per_window["nll_quant"],
+                            per_window["kl"], per_window["top1"])
     results[name] = EvalResult(
-        baseline=perplexity_from_nll(flat["nll_base"]),
-        quant=perplexity_from_nll(flat["nll_quant"]) if has_quant else None,
-        kl_mean=float(flat["kl"].mean()) if has_quant else None,
-        top1_agreement=float(flat["top1"].mean()) if has_quant else None,
+        baseline=baseline_ppl, quant=quant_ppl,
+        kl_mean=None if paired is None else paired.kl.mean,
+        top1_agreement=None if paired is None else paired.top1.mean,
         num_windows=num_windows, window_len=window_len,
-        num_scored_tokens=int(flat["nll_base"].size))
+        num_scored_tokens=int(per_window["nll_base"].size), paired=paired)
   return results

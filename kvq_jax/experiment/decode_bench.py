@@ -1,9 +1,10 @@
 """One decode step vs context length: time, XLA temp memory, cache bytes.
 
-Each (cache kind, context) pair gets a cache of exactly `context` slots whose
-lengths start at `context - repeats - 1`, so every timed step attends over
-(almost) `context` tokens and the quantized storage is not padded by an extra
-block (contents are zeros: a decode step's cost does not depend on them).
+Every cache kind at one context gets the same number of slots: `context`
+rounded up to whole blocks of every quantized kind (`equal_slots`), and
+lengths that start at `context - repeats - 1`, so every timed step attends
+over (almost) `context` tokens (contents are zeros: a decode step's cost does
+not depend on them).
 The jitted decode step of `models.runtime` is lowered and compiled once;
 `memory_analysis()` of that executable gives the XLA temporaries, and the
 same executable is timed (median of `repeats` steps, the cache threaded
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 
 from kvq_jax.cache.factory import init_cache
 from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.experiment.decode_speed import equal_slots
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.runtime import Runtime
 from kvq_jax.quant import QuantSpec
@@ -87,15 +89,20 @@ def decode_step_memory(runtime: Runtime, spec: CacheSpec | None,
 
 
 def bench_one(runtime: Runtime, kind: str, spec: CacheSpec | None, dtype,
-              batch_size: int, context: int, repeats: int) -> Row:
-  """Compiles, measures and times one decode step at `context`."""
+              batch_size: int, context: int, repeats: int,
+              slots: int | None = None) -> Row:
+  """Compiles, measures and times one decode step at `context` in a cache
+  of `slots` (default `context`) slots."""
   if repeats < 1:
     raise ValueError(f"bench_one: repeats={repeats}; allowed: >= 1.")
   if context <= repeats + 1:
     raise ValueError(
         f"bench_one: context={context}; allowed: > repeats + 1 = "
         f"{repeats + 1}.")
-  cache = init_cache(runtime.config, batch_size, context, spec, dtype)
+  slots = context if slots is None else slots
+  if slots < context:
+    raise ValueError(f"bench_one: slots={slots} < context={context}.")
+  cache = init_cache(runtime.config, batch_size, slots, spec, dtype)
   start_length = context - repeats - 1
   # One length array per layer: the decode step donates every cache leaf.
   cache = [layer.replace(
@@ -122,14 +129,16 @@ def run(runtime: Runtime, kinds: Sequence[str], contexts: Sequence[int], *,
         batch_size: int, repeats: int,
         log: Callable[[str], None] = print) -> list[Row]:
   rows = []
+  for kind in kinds:
+    if kind not in KINDS:
+      raise ValueError(
+          f"decode_bench: kind={kind!r}; allowed: {', '.join(KINDS)}.")
   for context in contexts:
+    slots = equal_slots(context, [KINDS[kind][0] for kind in kinds])
     for kind in kinds:
-      if kind not in KINDS:
-        raise ValueError(
-            f"decode_bench: kind={kind!r}; allowed: {', '.join(KINDS)}.")
       spec, dtype = KINDS[kind]
       row = bench_one(runtime, kind, spec, dtype, batch_size, context,
-                      repeats)
+                      repeats, slots)
       log(f"  {kind} @ {context}: {row.seconds * 1e3:.1f} ms")
       rows.append(row)
   return rows

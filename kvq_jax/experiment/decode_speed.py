@@ -1,13 +1,18 @@
 """Batched decode throughput at a fixed context, for one cache kind.
 
-The cache is created with `context + steps` slots and its lengths set to
-`context` (its contents are zeros: a decode step's cost does not depend on
-the values); `steps` jitted decode steps are then timed after one warm-up.
+The cache is created with `equal_slots(...)` slots -- the same number for
+every cache kind of a comparison (the quantized cache allocates whole
+`block_size` blocks, so the dense one gets as many) -- and its lengths set
+to `context` (its contents are zeros: a decode step's cost does not depend
+on the values); `steps` jitted decode steps are then timed after one
+warm-up.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,11 +23,25 @@ from kvq_jax.facade import LoadedModel
 from kvq_jax.models.runtime import Runtime
 
 
+def equal_slots(tokens: int, specs: Sequence[CacheSpec | None]) -> int:
+  """Slots every cache of a comparison gets: `tokens` rounded up to whole
+  blocks of every quantized spec (what its cache would allocate anyway)."""
+  blocks = [s.block_size for s in specs if s is not None]
+  block = math.lcm(*blocks) if blocks else 1
+  return -(-tokens // block) * block
+
+
 def decode_tokens_per_s(model: LoadedModel, spec: CacheSpec | None, dtype,
-                        batch_size: int, context: int, steps: int) -> float:
+                        batch_size: int, context: int, steps: int,
+                        slots: int | None = None) -> float:
+  """Tokens/s of `steps` decode steps from `context` tokens; `slots` (the
+  cache capacity) defaults to context + steps + 1."""
   runtime = Runtime(model.decoder)
-  cache = init_cache(model.config, batch_size, context + steps + 1, spec,
-                     dtype)
+  slots = context + steps + 1 if slots is None else slots
+  if slots < context + steps + 1:
+    raise ValueError(f"decode_tokens_per_s: slots={slots} < context + steps "
+                     f"+ 1 = {context + steps + 1}.")
+  cache = init_cache(model.config, batch_size, slots, spec, dtype)
   # One length array per layer: the decode step donates every cache leaf.
   cache = [layer.replace(length_B=jnp.full((batch_size,), context, jnp.int32))
            for layer in cache]

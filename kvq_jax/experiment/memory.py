@@ -1,15 +1,31 @@
 """What a cache costs in bytes, and what it buys: context that fits, speed.
 
 Bytes are read off the real cache pytree (`jax.eval_shape`, so nothing is
-allocated): per-token storage (packed codes, scales, zeros) is divided by the
-slots it holds; full-precision sink/residual buffers are a fixed cost per
-sequence, reported apart. Decode is memory-bound, so the speed-up estimate
-is 1 / (1 - beta + beta / c): beta = cache / (weights + cache) bytes read per
-step at the baseline's largest context in the budget, c = the compression.
+allocated). Two figures:
+
+* stored bits (`theoretical_bits`, `cache_bytes`'s per-token part): packed
+  codes + scales + zeros per token, what one quantized token costs;
+* effective bytes at T tokens (`effective_bytes`): what the cache really
+  holds for one sequence of T tokens. Per layer and tensor x in {K, V}:
+      stored_x * max(0, T - P_x) + P_x * fp_x + constants,
+  P_x = S + W_x the full-precision slots (sinks + window, allocated whatever
+  T is), fp_x their bytes per token in the window dtype, stored_x the
+  quantized bytes per token; a full-precision layer costs T tokens in the
+  cache dtype. Per-layer constants (codebooks, calibrated ranges) are added
+  by caches that have them (`constant_leaves`). Effective bits per element
+  = 8 * bytes / (T * 2 * layers * kv_heads * head_dim).
+
+Every comparison (compression, context that fits, the speed model) uses the
+effective figure. Decode is memory-bound in this model, so the speed-up
+estimate is 1 / (1 - beta + beta / c): beta = cache / (weights + cache)
+bytes read per step at the baseline's largest context in the budget, c =
+the effective compression there. It is a model of an accelerator's decode,
+printed beside the measured ratio.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -26,6 +42,7 @@ _PROBE_SLOTS = 4096
 # `memory_report` keys that describe the baseline alone (a run without a
 # quantized cache reports only these).
 BASELINE_KEYS = ("kv_bytes_per_token_baseline", "kv_bytes_per_token_bf16",
+                 "kv_bytes_per_sequence_baseline", "kv_context_tokens",
                  "memory_budget_gib", "weight_bytes",
                  "max_context_tokens_baseline")
 
@@ -36,17 +53,122 @@ def _nbytes(leaves) -> int:
 
 def cache_bytes(config: ModelConfig, spec: CacheSpec | None,
                 dtype) -> tuple[float, int]:
-  """(bytes per token over all layers, fixed bytes per sequence)."""
-  cache = jax.eval_shape(
-      lambda: init_cache(config, 1, _PROBE_SLOTS, spec, dtype))
+  """(stored bytes per token over all layers, fixed bytes per sequence).
+
+  Fixed = the full-precision buffers (windows, sinks), allocated per
+  sequence whatever its length; `effective_bytes` combines the two.
+  """
   per_token, fixed = 0.0, 0
-  for layer in cache:
+  for layer in _probe(config, spec, dtype):
     if isinstance(layer, DenseLayerCache):
       per_token += _nbytes([layer.k_BxSxKxH, layer.v_BxSxKxH]) / layer.capacity
     else:
       per_token += _nbytes(layer.storage_leaves()) / layer.k_store.shape[2]
       fixed += _nbytes(layer.fixed_leaves())
   return per_token, fixed
+
+
+def _probe(config: ModelConfig, spec: CacheSpec | None, dtype):
+  return jax.eval_shape(
+      lambda: init_cache(config, 1, _PROBE_SLOTS, spec, dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _costs(config: ModelConfig, spec: CacheSpec | None, dtype_name: str
+           ) -> tuple[tuple[float, int, int], ...]:
+  """(stored bytes per token, full-precision slots, their bytes) for every
+  tensor of every layer, per-layer constants as (0, 0, bytes)."""
+  out = []
+  for layer in _probe(config, spec, jnp.dtype(dtype_name)):
+    if isinstance(layer, DenseLayerCache):
+      out.append((_nbytes([layer.k_BxSxKxH, layer.v_BxSxKxH])
+                  / layer.capacity, 0, 0))
+      continue
+    slots = layer.allocated_slots
+    for store, window, sink in ((layer.k_store, layer.window_k, layer.sink_k),
+                                (layer.v_store, layer.window_v, layer.sink_v)):
+      out.append((_nbytes(jax.tree_util.tree_leaves(store)) / slots,
+                  window.shape[2] + sink.shape[2], _nbytes([window, sink])))
+    constants = getattr(layer, "constant_leaves", lambda: [])()
+    out.append((0.0, 0, _nbytes(constants)))
+  return tuple(out)
+
+
+def effective_bytes(config: ModelConfig, spec: CacheSpec | None, dtype,
+                    num_tokens: int) -> int:
+  """Bytes one sequence of `num_tokens` holds (module docstring)."""
+  if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) \
+      or num_tokens < 1:
+    raise ValueError(f"effective_bytes: num_tokens={num_tokens!r}; allowed: "
+                     "an integer >= 1.")
+  total = sum(stored * max(0, num_tokens - fp_slots) + fp_bytes
+              for stored, fp_slots, fp_bytes in _costs(
+                  config, spec, jnp.dtype(dtype).name))
+  return int(math.ceil(total))
+
+
+def effective_bits(config: ModelConfig, spec: CacheSpec | None, dtype,
+                   num_tokens: int) -> float:
+  """Effective bits per cached K/V element at `num_tokens` tokens."""
+  elements = (num_tokens * 2 * config.num_layers * config.num_kv_heads
+              * config.head_dim)
+  return 8 * effective_bytes(config, spec, dtype, num_tokens) / elements
+
+
+def max_context(config: ModelConfig, spec: CacheSpec | None, dtype,
+                free_bytes: float) -> int:
+  """Largest T with effective_bytes(T) <= free_bytes (0 if none)."""
+  if free_bytes < effective_bytes(config, spec, dtype, 1):
+    return 0
+  lo, hi = 1, 2
+  while effective_bytes(config, spec, dtype, hi) <= free_bytes:
+    lo, hi = hi, hi * 2
+  while hi - lo > 1:  # effective_bytes is non-decreasing in T.
+    mid = (lo + hi) // 2
+    if effective_bytes(config, spec, dtype, mid) <= free_bytes:
+      lo = mid
+    else:
+      hi = mid
+  return lo
+
+
+def full_precision_note(config: ModelConfig, spec: CacheSpec | None) -> str:
+  """What the cache keeps in full precision, in words (per distinct layer)."""
+  if spec is None:
+    return "every token, K and V (no quantization)"
+  parts = {}
+  for i in range(config.num_layers):
+    layer = spec.layer(i)
+    if layer.is_full_precision:
+      text = "every token (full-precision layer)"
+    else:
+      slots = layer.full_precision_slots
+      pieces = []
+      for name in ("k", "v"):
+        if getattr(layer, name) is None:
+          pieces.append(f"{name.upper()}: every token (unquantized)")
+        elif slots[name]:
+          pieces.append(
+              f"{name.upper()}: up to {slots[name]} tokens (sinks "
+              f"{layer.sink}, residual {layer.residual}, flush window "
+              f"{layer.flush(name) - 1})")
+        else:
+          pieces.append(f"{name.upper()}: none")
+      text = "; ".join(pieces) + (f", in {layer.window_dtype}"
+                                  if any(slots.values()) else "")
+    parts.setdefault(text, []).append(i)
+  if len(parts) == 1:
+    return next(iter(parts))
+  return " | ".join(f"layers {_ranges(ls)}: {t}" for t, ls in parts.items())
+
+
+def _ranges(layers: list[int]) -> str:
+  out, start = [], layers[0]
+  for a, b in zip(layers, layers[1:] + [None]):
+    if b != a + 1:
+      out.append(str(start) if start == a else f"{start}-{a}")
+      start = b
+  return ",".join(out)
 
 
 def theoretical_bits(config: ModelConfig, spec: CacheSpec | None,
@@ -73,7 +195,10 @@ def num_params(config: ModelConfig) -> int:
 
 def memory_report(config: ModelConfig, spec: CacheSpec | None, quant_dtype,
                   baseline_dtype, budget_gib: float,
-                  weight_bytes_per_param: float) -> dict[str, float | int]:
+                  weight_bytes_per_param: float,
+                  num_tokens: int) -> dict[str, float | int | str]:
+  """Byte accounting of the quantized cache at `num_tokens` (the evaluated
+  context) and at 4096 / 32768 tokens, against bf16 and the baseline."""
   base_tok, _ = cache_bytes(config, None, baseline_dtype)
   bf16_tok, _ = cache_bytes(config, None, jnp.bfloat16)
   quant_tok, quant_fixed = cache_bytes(config, spec, quant_dtype)
@@ -85,15 +210,27 @@ def memory_report(config: ModelConfig, spec: CacheSpec | None, quant_dtype,
         f"config.memory.budget_gib={budget_gib}: the weights alone take "
         f"{weights / 2**30:.2f} GiB; allowed: a larger budget.")
   ctx_base = int(free // bf16_tok)
-  ctx_quant = int(max(0.0, free - quant_fixed) // quant_tok)
-  compression = bf16_tok / quant_tok
+  ctx_quant = max_context(config, spec, quant_dtype, free)
+  at = lambda t: effective_bytes(config, spec, quant_dtype, t)
+  compression = bf16_tok * num_tokens / at(num_tokens)
+  compression_at_base = bf16_tok * ctx_base / at(ctx_base)
   beta = ctx_base * bf16_tok / (weights + ctx_base * bf16_tok)
+  stored = theoretical_bits(config, spec, quant_dtype)
+  elements_per_token = 2 * config.num_layers * config.num_kv_heads * \
+      config.head_dim
   return {
-      "kv_bits_per_element": theoretical_bits(config, spec, quant_dtype),
+      "kv_bits_per_element": stored,
+      "kv_bits_per_element_effective": effective_bits(
+          config, spec, quant_dtype, num_tokens),
+      "kv_bits_per_element_at_4096": effective_bits(config, spec, quant_dtype,
+                                                    4096),
+      "kv_bits_per_element_at_32768": effective_bits(config, spec,
+                                                     quant_dtype, 32768),
+      "kv_bytes_per_sequence": at(num_tokens),
+      "kv_bytes_per_sequence_baseline": int(base_tok * num_tokens),
+      "kv_context_tokens": num_tokens,
       "kv_bytes_per_token": quant_tok,
-      "kv_bytes_per_token_theoretical": theoretical_bits(
-          config, spec, quant_dtype) * 2 * config.num_layers
-                                        * config.num_kv_heads * config.head_dim / 8,
+      "kv_bytes_per_token_theoretical": stored * elements_per_token / 8,
       "kv_fixed_bytes_per_sequence": quant_fixed,
       "kv_bytes_per_token_baseline": base_tok,
       "kv_bytes_per_token_bf16": bf16_tok,
@@ -102,5 +239,6 @@ def memory_report(config: ModelConfig, spec: CacheSpec | None, quant_dtype,
       "weight_bytes": weights,
       "max_context_tokens_baseline": ctx_base,
       "max_context_tokens_quant": ctx_quant,
-      "speedup_estimate": 1.0 / (1.0 - beta + beta / compression),
+      "speedup_estimate": 1.0 / (1.0 - beta + beta / compression_at_base),
+      "full_precision_note": full_precision_note(config, spec),
   }

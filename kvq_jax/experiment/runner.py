@@ -13,7 +13,8 @@ from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.evaluate import evaluate_windows
 from kvq_jax.eval.windows import make_windows, scored_mask
 from kvq_jax.experiment import memory, report
-from kvq_jax.experiment.decode_speed import decode_tokens_per_s
+from kvq_jax.experiment.decode_speed import decode_tokens_per_s, equal_slots
+from kvq_jax.experiment.speed_note import speed_note
 from kvq_jax.experiment.progress import ProgressBar
 from kvq_jax.experiment.settings import settings_from_config
 from kvq_jax.experiment.timing import machine_description
@@ -68,19 +69,28 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   memory_metrics = memory.memory_report(
       lm.config, quant_spec, quant_dtype if settings.quantize else baseline_dtype,
       baseline_dtype, settings.memory.budget_gib,
-      settings.memory.weight_bytes_per_param)
+      settings.memory.weight_bytes_per_param, settings.eval.window_len)
   if not settings.quantize:  # No quantized cache: no quantized-side numbers.
     memory_metrics = {k: memory_metrics[k] for k in memory.BASELINE_KEYS}
   metrics.update(memory_metrics)
+  machine = machine_description()
   db = settings.decode_bench
+  slots = equal_slots(db.context + db.steps + 1, [quant_spec])
   metrics["decode_batch_size"], metrics["decode_context"] = (db.batch_size,
                                                              db.context)
+  metrics["decode_slots"] = slots
   metrics["decode_tokens_per_s_baseline"] = decode_tokens_per_s(
-      lm, None, baseline_dtype, db.batch_size, db.context, db.steps)
+      lm, None, baseline_dtype, db.batch_size, db.context, db.steps, slots)
   if settings.quantize:
     metrics["decode_tokens_per_s_quant"] = decode_tokens_per_s(
-        lm, quant_spec, quant_dtype, db.batch_size, db.context, db.steps)
-  machine = machine_description()
+        lm, quant_spec, quant_dtype, db.batch_size, db.context, db.steps,
+        slots)
+    metrics["decode_speedup_measured"] = (
+        metrics["decode_tokens_per_s_quant"]
+        / metrics["decode_tokens_per_s_baseline"])
+    metrics["speed_note"] = speed_note(metrics["speedup_estimate"],
+                                       metrics["decode_speedup_measured"],
+                                       machine)
   metrics["machine"] = machine
   metrics["python"] = platform.python_version()
   summary = report.summary_markdown(name, metrics, machine)

@@ -65,10 +65,10 @@ def quant_spec_from_config(kv: ml_collections.ConfigDict,
   if kv.type == "none":
     return None
   if kv.type == "int":
-    if kv.bits not in (8, 4, 3, 2):
+    if kv.bits not in (8, 5, 4, 3, 2):
       raise ValueError(
-          f"config.{field}.bits={kv.bits!r}: allowed for type='int': 8, 4, "
-          "3, 2.")
+          f"config.{field}.bits={kv.bits!r}: allowed for type='int': 8, 5, "
+          "4, 3, 2.")
     fmt = f"int{kv.bits}"
   else:
     fmt = kv.type
@@ -76,7 +76,7 @@ def quant_spec_from_config(kv: ml_collections.ConfigDict,
     return QuantSpec(
         format=fmt, scheme=kv.scheme, granularity=kv.granularity,
         group_size=kv.group_size or None, clip_ratio=float(kv.clip_ratio),
-        scale_dtype=kv.scale_dtype)
+        scale_dtype=kv.scale_dtype, rounding=kv.get("rounding", "kvq"))
   except ValueError as e:
     raise ValueError(f"config.{field}: {e}") from e
 
@@ -111,7 +111,8 @@ def settings_from_config(config: ml_collections.ConfigDict
           flush_block=cache.flush_block or None, sink=cache.sink,
           key_rope=cache.key_rope, hadamard_k=cache.hadamard_k,
           hadamard_v=cache.hadamard_v, block_size=cache.block_size,
-          attention_impl=config.attention.impl)
+          attention_impl=config.attention.impl,
+          window_dtype=cache.window_dtype)
     except ValueError as e:
       raise ValueError(f"config.cache: {e}") from e
   if config.attention.impl not in IMPLEMENTATIONS:

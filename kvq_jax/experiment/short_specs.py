@@ -1,61 +1,79 @@
 """Compact names for one tensor's cache format, as used in layer overrides.
 
-Grammar: `fp` (full precision) | `FORMAT[_gN | _pcN][_asym][_clipR]` where
-FORMAT is int8, int4, int3, int2, fp8_e4m3 or fp8_e5m2; `_gN` groups N
-elements along head_dim (per_group), `_pcN` groups N tokens per channel
-(per_channel, KIVI keys); neither means per_token; `_clipR` sets clip_ratio
-(e.g. `_clip0.9`). Scales are bfloat16. Examples: `int8`, `int4_g32`,
-`int4_g32_asym`, `int2_pc32_asym`.
+Grammar: `fp` (full precision) | a llama.cpp type (`q8_0`, `q4_0`, `q4_1`,
+`q5_0`, `q5_1`: `kvq_jax.quant.ggml_spec`, bit-exact with llama.cpp) |
+`FORMAT[_gN | _pcN][_asym | _narrow][_ggml][_clipR]` where FORMAT is int8,
+int5, int4, int3, int2, fp8_e4m3 or fp8_e5m2; `_gN` groups N elements along
+head_dim (per_group), `_pcN` groups N tokens per channel (per_channel, KIVI
+keys); neither means per_token; no scheme suffix means symmetric (all 2^bits
+levels), `_asym` asymmetric, `_narrow` symmetric_narrow (2^bits - 1 levels);
+`_ggml` selects rounding='ggml' with float16 scales (otherwise rounding
+'kvq' with bfloat16 scales); `_clipR` sets clip_ratio (e.g. `_clip0.9`).
+Examples: `int8`, `int4_g32`, `int4_g32_asym`, `int2_pc32_asym`,
+`int8_g32_narrow`, `q4_0`. `short_name` writes the llama.cpp name for
+exactly those specs (so `int4_g32_ggml` comes back as `q4_0`).
 """
 
 from __future__ import annotations
 
 import re
 
-from kvq_jax.quant import QuantSpec
+from kvq_jax.quant import GGML_TYPES, QuantSpec, ggml_name, ggml_spec
 
 _PATTERN = re.compile(
-    r"^(?P<format>int8|int4|int3|int2|fp8_e4m3|fp8_e5m2)"
+    r"^(?P<format>int8|int5|int4|int3|int2|fp8_e4m3|fp8_e5m2)"
     r"(?:_g(?P<group>\d+)|_pc(?P<channel>\d+))?"
-    r"(?P<asym>_asym)?(?:_clip(?P<clip>[0-9]*\.?[0-9]+))?$")
+    r"(?P<scheme>_asym|_narrow)?(?P<ggml>_ggml)?"
+    r"(?:_clip(?P<clip>[0-9]*\.?[0-9]+))?$")
+_SCHEMES = {None: "symmetric", "_asym": "asymmetric",
+            "_narrow": "symmetric_narrow"}
+_SUFFIXES = {v: k or "" for k, v in _SCHEMES.items()}
 
 
 def parse_short_spec(text: str) -> QuantSpec | None:
   text = text.strip()
   if text == "fp":
     return None
+  if text in GGML_TYPES:
+    return ggml_spec(text)
   match = _PATTERN.match(text)
   if not match:
     raise ValueError(
         f"cache format {text!r} is not understood; allowed: 'fp' or "
-        "FORMAT[_gN|_pcN][_asym][_clipR], e.g. int8, int4_g32, "
-        "int4_g32_asym, int2_pc32_asym, fp8_e4m3.")
+        "FORMAT[_gN|_pcN][_asym|_narrow][_ggml][_clipR] (e.g. int8, "
+        "int4_g32, int4_g32_asym, int2_pc32_asym, int8_g32_narrow, "
+        f"fp8_e4m3) or a llama.cpp type: {', '.join(GGML_TYPES)}.")
   granularity, group = "per_token", None
   if match["group"]:
     granularity, group = "per_group", int(match["group"])
   elif match["channel"]:
     granularity, group = "per_channel", int(match["channel"])
+  ggml = bool(match["ggml"])
   try:
     return QuantSpec(
-        format=match["format"],
-        scheme="asymmetric" if match["asym"] else "symmetric",
+        format=match["format"], scheme=_SCHEMES[match["scheme"]],
         granularity=granularity, group_size=group,
-        clip_ratio=float(match["clip"]) if match["clip"] else 1.0)
+        clip_ratio=float(match["clip"]) if match["clip"] else 1.0,
+        scale_dtype="float16" if ggml else "bfloat16",
+        rounding="ggml" if ggml else "kvq")
   except ValueError as e:
     raise ValueError(f"cache format {text!r}: {e}") from e
 
 
 def short_name(spec: QuantSpec | None) -> str:
-  """Inverse of `parse_short_spec` (bfloat16 scales assumed)."""
+  """Inverse of `parse_short_spec` (kvq rounding: bfloat16 scales assumed)."""
   if spec is None:
     return "fp"
+  if ggml_name(spec) is not None:
+    return ggml_name(spec)
   name = spec.format
   if spec.granularity == "per_group":
     name += f"_g{spec.group_size}"
   elif spec.granularity == "per_channel":
     name += f"_pc{spec.group_size}"
-  if spec.scheme == "asymmetric":
-    name += "_asym"
+  name += _SUFFIXES[spec.scheme]
+  if spec.rounding == "ggml":
+    name += "_ggml"
   if spec.clip_ratio != 1.0:
     name += f"_clip{spec.clip_ratio:g}"
   return name

@@ -10,7 +10,9 @@ The quantized cache stores keys and values heads-major, [B, K, S, H], as a
   - "row" scales, group axis -1: [B, K, S, H/g] (per_token: H/g = 1), or
   - "token-group" scales, group axis -2 (KIVI per-channel keys):
     [B, K, S/gt, H], one scale per channel over gt consecutive tokens.
-* symmetric: x = (u - 2^(bits-1)) * scale; asymmetric: x = u * scale + zero.
+* symmetric and symmetric_narrow: x = (u - 2^(bits-1)) * scale (the scale is
+  signed: negative for symmetric groups whose signed max is positive);
+  asymmetric: x = u * scale + zero.
 
 `describe_packed` turns that into a small frozen `PackedLayout`, or a
 human-readable reason why the kernel cannot read it. The kernel unpacks a byte
@@ -35,7 +37,8 @@ class PackedLayout:
 
   Attributes:
     bits: bits per code (8, 4 or 2).
-    symmetric: symmetric (scale only) vs asymmetric (scale and zero).
+    symmetric: scale only (scheme symmetric or symmetric_narrow) vs
+      asymmetric (scale and zero).
     scale_axis: -1 ("row" scales [B, K, S, H/g]) or -2 ("token-group" scales
       [B, K, S/gt, H]).
     n_groups: scales per row along head_dim (scale_axis -1), else 1.
@@ -87,7 +90,7 @@ def describe_packed(x: Any, head_dim: int, name: str,
             f"{', '.join(SUPPORTED_GRANULARITIES)}.")
   bits = _BITS[fmt]
   parts = 8 // bits
-  symmetric = spec.scheme == "symmetric"
+  symmetric = not spec.has_zero  # symmetric and symmetric_narrow.
   data, scale = x.data, x.scale
   zero = getattr(x, "zero", None)
   lead = data.shape[:3] if data.ndim == 4 else None

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kvq_jax.cache.base import LayerCache, check_capacity
+from kvq_jax.cache.quantized import QuantizedLayerCache, check_positions
 from kvq_jax.models.decoder import Decoder
 
 
@@ -24,6 +25,14 @@ def _positions_from_cache(cache: Sequence[LayerCache],
                           num_tokens: int) -> jax.Array:
   return (cache[0].length_B.astype(jnp.int32)[:, None]
           + jnp.arange(num_tokens, dtype=jnp.int32)[None, :])
+
+
+def _check_positions(cache: Sequence[LayerCache],
+                     positions_BxT: jax.Array) -> None:
+  """Explicit positions vs pre-RoPE keys (eagerly, before the jitted call)."""
+  for layer in cache:
+    if isinstance(layer, QuantizedLayerCache):
+      check_positions(layer.spec, positions_BxT, layer.length_B)
 
 
 def _forward(graphdef, state, tokens_BxT, cache, positions_BxT):
@@ -89,6 +98,7 @@ class Runtime:
     check_capacity(cache, tokens_BxT.shape[1])
     if positions_BxT is not None:
       positions_BxT = jnp.asarray(positions_BxT, jnp.int32)
+      _check_positions(cache, positions_BxT)
     return self.forward_fn(self.state, tokens_BxT, list(cache), positions_BxT)
 
   def decode(self, token_B: jax.Array, cache: Sequence[LayerCache],
@@ -102,4 +112,5 @@ class Runtime:
     check_capacity(cache, 1)
     if position_B is not None:
       position_B = jnp.asarray(position_B, jnp.int32)
+      _check_positions(cache, position_B[:, None])
     return self.decode_fn(self.state, token_B, list(cache), position_B)

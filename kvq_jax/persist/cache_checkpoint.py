@@ -73,7 +73,7 @@ def _describe_layer(layer) -> dict:
   elif isinstance(layer, QuantizedLayerCache):
     b, k, _, h = layer.window_k.shape
     entry = {"kind": "quantized", "spec": _spec_to_json(layer.spec),
-             "dtype": jnp.dtype(layer.window_k.dtype).name}
+             "dtype": layer.dtype.name}
   else:
     raise ValueError(
         f"save_cache: layer cache of type {type(layer).__name__} is not "

@@ -10,6 +10,11 @@ Codes are unsigned integers in [0, 2^bits) held in uint8. The byte layout
 * int3: 8 codes in 3 bytes. Element 8i+j occupies bits 3j..3j+2 of the 24-bit
   little-endian word formed by bytes 3i (bits 0-7), 3i+1 (bits 8-15) and
   3i+2 (bits 16-23).
+* int5: 8 codes in 5 bytes, likewise. Element 8i+j occupies bits 5j..5j+4 of
+  the 40-bit little-endian word formed by bytes 5i..5i+4 (byte 5i+k holds
+  bits 8k..8k+7). Codes [1, 2, 3, 4, 5, 6, 7, 31] -> bytes 0x41, 0x0C, 0x52,
+  0xCC, 0xF9. (This is not ggml's q5 byte layout, which splits low nibbles
+  and fifth bits; `quantize` matches ggml's values, not its bytes.)
 
 Symmetric integer formats store q in [-2^(bits-1), 2^(bits-1) - 1] offset as
 u = q + 2^(bits-1) (int4: -8 -> 0x0, 0 -> 0x8, +7 -> 0xF); asymmetric formats
@@ -24,7 +29,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-SUPPORTED_BITS = (8, 4, 3, 2)
+SUPPORTED_BITS = (8, 5, 4, 3, 2)
 
 
 def _check_bits(bits: int) -> None:
@@ -38,12 +43,22 @@ def _block(bits: int) -> int:
   return 8 // bits if 8 % bits == 0 else 8
 
 
+def _overlaps(bits: int, k: int) -> list[tuple[int, int]]:
+  """(j, shift) for each code j of 8 with bits inside byte k of the word.
+
+  Code j sits at word bits bits*j.., so byte k gets `code << shift` (shift =
+  bits*j - 8k; a right shift by -shift when negative).
+  """
+  return [(j, bits * j - 8 * k) for j in range(8)
+          if bits * j < 8 * (k + 1) and bits * (j + 1) > 8 * k]
+
+
 @partial(jax.jit, static_argnums=1)
 def pack(codes_u8: jax.Array, bits: int) -> jax.Array:
   """Packs codes [..., n] (uint8, each < 2^bits) into bytes [..., n*bits/8].
 
   Bits above `bits` in a code are discarded. `n` must be a multiple of 8/bits
-  (8 for int3).
+  (8 for int3 and int5).
   """
   _check_bits(bits)
   codes = jnp.asarray(codes_u8).astype(jnp.uint8)
@@ -57,12 +72,16 @@ def pack(codes_u8: jax.Array, bits: int) -> jax.Array:
         f"of {block}, the number of {bits}-bit codes packed together.")
   lead = codes.shape[:-1]
   mask = (1 << bits) - 1
-  if bits == 3:
+  if 8 % bits:  # int3, int5: 8 codes -> `bits` bytes.
     c = codes.reshape(lead + (n // 8, 8)).astype(jnp.uint32) & mask
-    shifts = jnp.arange(8, dtype=jnp.uint32) * 3
-    word = jnp.sum(c << shifts, axis=-1, dtype=jnp.uint32)  # Disjoint bits.
-    out = jnp.stack([(word >> (8 * b)) & 0xFF for b in range(3)], axis=-1)
-    return out.astype(jnp.uint8).reshape(lead + (n * 3 // 8,))
+    out = []
+    for k in range(bits):  # Byte k holds bits 8k..8k+7 of the word.
+      byte = jnp.zeros(c.shape[:-1], jnp.uint32)
+      for j, shift in _overlaps(bits, k):
+        byte |= c[..., j] << shift if shift >= 0 else c[..., j] >> -shift
+      out.append(byte & 0xFF)
+    return jnp.stack(out, axis=-1).astype(jnp.uint8).reshape(
+        lead + (n * bits // 8,))
   c = codes.reshape(lead + (n // block, block)) & jnp.uint8(mask)
   shifts = (jnp.arange(block, dtype=jnp.uint8) * bits).astype(jnp.uint8)
   return jnp.sum(c << shifts, axis=-1, dtype=jnp.uint8)  # Disjoint bits.
@@ -78,16 +97,18 @@ def unpack(packed_u8: jax.Array, bits: int) -> jax.Array:
   m = packed.shape[-1]
   lead = packed.shape[:-1]
   mask = (1 << bits) - 1
-  if bits == 3:
-    if m % 3:
+  if 8 % bits:  # int3, int5: `bits` bytes -> 8 codes.
+    if m % bits:
       raise ValueError(
           f"unpack: last axis length {m} (shape={packed.shape}) is not a "
-          "multiple of 3, the bytes holding 8 int3 codes.")
-    b = packed.reshape(lead + (m // 3, 3)).astype(jnp.uint32)
-    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
-    shifts = jnp.arange(8, dtype=jnp.uint32) * 3
-    codes = (word[..., None] >> shifts) & mask
-    return codes.astype(jnp.uint8).reshape(lead + (m * 8 // 3,))
+          f"multiple of {bits}, the bytes holding 8 int{bits} codes.")
+    b = packed.reshape(lead + (m // bits, bits)).astype(jnp.uint32)
+    codes = [jnp.zeros(b.shape[:-1], jnp.uint32) for _ in range(8)]
+    for k in range(bits):
+      for j, shift in _overlaps(bits, k):
+        codes[j] |= b[..., k] >> shift if shift >= 0 else b[..., k] << -shift
+    out = jnp.stack(codes, axis=-1) & mask
+    return out.astype(jnp.uint8).reshape(lead + (m * 8 // bits,))
   block = 8 // bits
   shifts = (jnp.arange(block, dtype=jnp.uint8) * bits).astype(jnp.uint8)
   codes = (packed[..., None] >> shifts) & jnp.uint8(mask)

@@ -1,50 +1,95 @@
 """`quantize` / `dequantize`: the reference arithmetic every kernel matches.
 
-All arithmetic is float32. `scale_dtype` below is `spec.scale_dtype`; `tiny`
-and `max` are `jnp.finfo(scale_dtype).tiny/.max`. "Cast up" means: cast the
-float32 value to scale_dtype (round to nearest), and if that came out smaller
-than the float32 value, step to the next representable value towards +inf
-(`jnp.nextafter`); "cast down" likewise towards -inf. Before casting, values
-are clamped to [-max, max]. Rounding to integers is `jnp.round` (half to even).
+All arithmetic is float32. `b` is `spec.bits`, `half` = 2^(b-1), `scale_dtype`
+is `spec.scale_dtype`; `tiny` and `max` are `jnp.finfo(scale_dtype).tiny/.max`.
+"Cast up" means: cast the float32 value to scale_dtype (round to nearest),
+and if that came out smaller than the float32 value, step to the next
+representable value towards +inf (`jnp.nextafter`); "cast down" likewise
+towards -inf. Before casting, values are clamped to [-max, max]. Rounding to
+integers is `jnp.round` (half to even) unless said otherwise. `r` is
+`spec.clip_ratio`.
 
-Symmetric integer (bits b, qmax = 2^(b-1) - 1, offset = 2^(b-1)):
-  amax  = clip_ratio * max|x| over the group
-  scale = max(cast_up(amax / qmax), tiny)
-  q     = clip(round(x / scale), -qmax - 1, qmax);   stored u = q + offset
-  x'    = (u - offset) * scale
+Group statistics: `m` is the signed value of largest magnitude in the group
+(ties: the first in group order, i.e. along the group axis, row-major for
+per_tensor), `amax` = |m|, `lo` / `hi` the group's min / max.
+
+rounding="kvq" (the default):
+
+Symmetric integer (all 2^b codes, llama.cpp q4_0's level set):
+  mag   = max(cast_up(r * |m| / half), tiny)
+  scale = -mag if m > 0 else mag          (signed: r * m maps to q = -half)
+  q     = clip(round(x / scale), -half, half - 1);   stored u = q + half
+  x'    = (u - half) * scale
+
+Symmetric narrow integer (2^b - 1 codes, qmax = half - 1):
+  scale = max(cast_up(r * amax / qmax), tiny)
+  q     = clip(round(x / scale), -qmax - 1, qmax);   stored u = q + half
+  x'    = (u - half) * scale
 
 Asymmetric integer (levels = 2^b - 1):
-  lo, hi = clip_ratio * min(x), clip_ratio * max(x) over the group
-           (lo <= 0 <= hi is not enforced: KIVI-style real min/max)
+  lo, hi = the group's min and max (lo <= 0 <= hi is not enforced:
+           KIVI-style real min/max); for r < 1 the range shrinks around its
+           centre: lo += s, hi -= s with s = (1 - r) * (hi / 2 - lo / 2),
+           i.e. [c - r * w, c + r * w] for c = (lo + hi) / 2, w = (hi - lo) / 2
   zero  = cast_down(lo)
   scale = max(cast_up((hi - zero) / levels), tiny)
   u     = clip(round((x - zero) / scale), 0, levels)
   x'    = u * scale + zero
 
-fp8 (fmax = 448 for e4m3fn, 57344 for e5m2):
-  scale = max(cast_up(amax / fmax), tiny)
+fp8 (fmax = 448 for e4m3fn, 57344 for e5m2; symmetric only):
+  scale = max(cast_up(r * amax / fmax), tiny)
   data  = clip(x / scale, -fmax, fmax).astype(fp8)   (round to nearest even)
   x'    = float32(data) * scale
 
-For unclipped finite data this gives |x - x'| <= scale / 2 (plus float32
+For unclipped finite data this gives |x - x'| <= |scale| / 2 (plus float32
 rounding) for integer formats, with bfloat16/float16 scales and zeros too.
+The one exception is symmetric's top code: a value with x / scale >
+half - 1/2 (of sign opposite to m, within half a step of |m|) saturates at
+q = half - 1, an error of at most |scale|.
 
-Non-finite policy:
-  * scale, zero, min, max and absmax are computed from the finite values of a
-    group only (a group with no finite value behaves like an all-zero group).
-  * NaN is quantized as if it were 0.0: symmetric and fp8 give code 0, which
-    dequantizes to exactly 0; asymmetric gives u = clip(round(-zero / scale),
-    0, levels), the grid point nearest 0 within [zero, zero + levels*scale]
-    (the group's lo when all finite values are positive, its hi when all are
-    negative).
-  * +Inf / -Inf saturate to the group's largest / smallest code (qmax and
-    -qmax-1; levels and 0; +fmax and -fmax).
+rounding="ggml" (llama.cpp's arithmetic, as gguf-py's `quants.py`; clip_ratio
+1 and float16 scales; `nearest` casts to float16 rounding to nearest, after
+clamping to [-max, max] where ggml would store an infinity):
+  symmetric:        d = m / -half
+  symmetric_narrow: d = amax / (half - 1)
+  asymmetric:       d = (hi - lo) / (2^b - 1)
+  id = 1 / d (0 where d == 0)
+  symmetric:        u = clip(trunc(x * id + (half + 0.5)), 0, 2^b - 1)
+  symmetric_narrow: u = clip(round_half_away_from_zero(x * id), -half,
+                             half - 1) + half
+  asymmetric:       u = clip(trunc((x - lo) * id + 0.5), 0, 2^b - 1)
+  stored scale = nearest(d) (signed, may be 0), zero = nearest(lo);
+  x' as for kvq (u * scale is exact in float32: at most 8 + 11 significant
+  bits, so a fused multiply-add with zero changes nothing). The products
+  x * id and (x - lo) * id are rounded to float32 before the following add
+  (no fused multiply-add, which XLA would otherwise emit and which moves
+  about one code in 4 million), so int8 symmetric_narrow,
+  int4 / int5 symmetric and int4 / int5 asymmetric, per_group of 32 along the
+  last axis, give gguf's Q8_0, Q4_0 / Q5_0 and Q4_1 / Q5_1 values exactly
+  (tested on CPU; non-finite inputs, float32 denormals, which XLA CPU
+  flushes to zero, and scales beyond float16's range excepted).
+
+Non-finite policy (both roundings):
+  * scale, zero, m, min, max and absmax are computed from the finite values
+    of a group only (a group with no finite value behaves like an all-zero
+    group).
+  * NaN is quantized as if it were 0.0: symmetric, symmetric_narrow and fp8
+    give q = 0, which dequantizes to exactly 0; asymmetric gives the code
+    0.0 rounds to, clipped to [0, levels]: the grid point nearest 0 within
+    [zero, zero + levels*scale] (the group's lo when all finite values are
+    positive, its hi when all are negative).
+  * +Inf / -Inf saturate to the group's largest / smallest value: the
+    extreme codes (symmetric: q = -half or half - 1, whichever times the
+    signed scale is larger; symmetric_narrow: qmax and -qmax-1; asymmetric:
+    levels and 0; fp8: +fmax and -fmax). In a ggml group with d == 0 every
+    code dequantizes to 0 (asymmetric: to zero).
   * Values beyond scale_dtype's range (1e30 with float16 scales) cap the
     scale at `max` and saturate; outputs stay finite (for float32 or bfloat16
     output; float16 output can still overflow on dequantization).
   * Groups are independent: a NaN/Inf in one group never changes another.
-  * Inputs below `tiny` (denormals; XLA CPU flushes them to zero) give
-    scale = tiny and finite outputs.
+  * kvq: inputs below `tiny` (denormals; XLA CPU flushes them to zero) give
+    |scale| = tiny and finite outputs; an all-zero group gets scale = +tiny.
+    ggml: an all-zero group gets d = +-0 and dequantizes to +-0, as ggml's.
 """
 
 from __future__ import annotations
@@ -109,6 +154,105 @@ def _for_groups(stored: jax.Array, grouping) -> jax.Array:
   return jnp.expand_dims(stored, grouping[1]).astype(_F32)
 
 
+def _nearest(v32: jax.Array, dtype) -> jax.Array:
+  """Casts float32 `v32` to `dtype`, round to nearest, clamped to +-max."""
+  fmax = float(jnp.finfo(dtype).max)
+  return jnp.clip(v32, -fmax, fmax).astype(dtype)
+
+
+def _rounded(v: jax.Array) -> jax.Array:
+  """`v` (a product) as a rounded float32 value, never fused into an FMA.
+
+  XLA contracts `a * b + c` into a fused multiply-add (one rounding); a
+  clamp between the product and the add prevents that. +-Inf become
+  +-float32 max (they still saturate) and NaN stays NaN.
+  """
+  fmax = float(jnp.finfo(_F32).max)
+  return jnp.clip(v, -fmax, fmax)
+
+
+def _signed_absmax(x_fin: jax.Array, grouping) -> jax.Array:
+  """The first value of largest magnitude per group (keepdims)."""
+  if grouping is None:
+    flat = x_fin.reshape(-1)
+    return flat[jnp.argmax(jnp.abs(flat))].reshape((1,) * x_fin.ndim)
+  axis = grouping[1]
+  index = jnp.argmax(jnp.abs(x_fin), axis=axis, keepdims=True)
+  return jnp.take_along_axis(x_fin, index, axis=axis)
+
+
+def _min_max(xg: jax.Array, finite: jax.Array, grouping):
+  """The group's min and max over its finite values (0, 0 if none)."""
+  lo = _reduce(jnp.min, jnp.where(finite, xg, jnp.inf), grouping)
+  hi = _reduce(jnp.max, jnp.where(finite, xg, -jnp.inf), grouping)
+  any_finite = lo <= hi
+  return jnp.where(any_finite, lo, 0.0), jnp.where(any_finite, hi, 0.0)
+
+
+def _quantize_kvq(xg, finite, x_nan0, grouping, spec: QuantSpec):
+  """(scale, zero or None, codes) for rounding='kvq' (module docstring)."""
+  sdt = spec.scale_jnp_dtype
+  half = 2 ** (spec.bits - 1)
+  x_fin = jnp.where(finite, xg, 0.0)
+  if spec.is_float:
+    amax = _reduce(jnp.max, jnp.abs(x_fin), grouping) * spec.clip_ratio
+    fmax = float(jnp.finfo(spec.fp8_dtype).max)
+    scale = _floor_tiny(_cast(amax / fmax, sdt, jnp.inf))
+    y = x_nan0 / scale.astype(_F32)
+    return scale, None, jnp.clip(y, -fmax, fmax).astype(spec.fp8_dtype)
+  if spec.scheme == "symmetric":
+    m = _signed_absmax(x_fin, grouping) * spec.clip_ratio
+    mag = _floor_tiny(_cast(jnp.abs(m) / half, sdt, jnp.inf))
+    scale = jnp.where(m > 0, -mag, mag)
+    q = jnp.clip(jnp.round(x_nan0 / scale.astype(_F32)), -half, half - 1)
+    return scale, None, (q + half).astype(jnp.uint8)
+  if spec.scheme == "symmetric_narrow":
+    qmax = half - 1
+    amax = _reduce(jnp.max, jnp.abs(x_fin), grouping) * spec.clip_ratio
+    scale = _floor_tiny(_cast(amax / qmax, sdt, jnp.inf))
+    q = jnp.clip(jnp.round(x_nan0 / scale.astype(_F32)), -qmax - 1, qmax)
+    return scale, None, (q + half).astype(jnp.uint8)
+  levels = 2 ** spec.bits - 1
+  lo, hi = _min_max(xg, finite, grouping)
+  if spec.clip_ratio != 1.0:  # Shrink around the centre; exact at r = 1.
+    cut = jnp.float32(1.0) - jnp.float32(spec.clip_ratio)
+    shrink = cut * (hi * 0.5 - lo * 0.5)
+    lo, hi = lo + shrink, hi - shrink
+  zero = _cast(lo, sdt, -jnp.inf)
+  zero32 = zero.astype(_F32)
+  scale = _floor_tiny(_cast((hi - zero32) / levels, sdt, jnp.inf))
+  u = jnp.clip(jnp.round((x_nan0 - zero32) / scale.astype(_F32)), 0, levels)
+  return scale, zero, u.astype(jnp.uint8)
+
+
+def _quantize_ggml(xg, finite, x_nan0, grouping, spec: QuantSpec):
+  """(scale, zero or None, codes) for rounding='ggml' (module docstring)."""
+  sdt = spec.scale_jnp_dtype
+  half = 2 ** (spec.bits - 1)
+  levels = 2 ** spec.bits - 1
+  x_fin = jnp.where(finite, xg, 0.0)
+  lo = None
+  if spec.scheme == "symmetric":
+    d = _signed_absmax(x_fin, grouping) / jnp.float32(-half)
+  elif spec.scheme == "symmetric_narrow":
+    d = _reduce(jnp.max, jnp.abs(x_fin), grouping) / jnp.float32(half - 1)
+  else:
+    lo, hi = _min_max(xg, finite, grouping)
+    d = (hi - lo) / jnp.float32(levels)
+  inv = jnp.where(d == 0, 0.0, 1.0 / jnp.where(d == 0, 1.0, d))
+  y = x_nan0 * inv if lo is None else (x_nan0 - lo) * inv
+  y = _rounded(jnp.where(jnp.isnan(y), 0.0, y))  # NaN: Inf * 0 (d == 0).
+  if spec.scheme == "symmetric":
+    u = jnp.clip(jnp.trunc(y + jnp.float32(half + 0.5)), 0, levels)
+  elif spec.scheme == "symmetric_narrow":
+    q = jax.lax.round(y, jax.lax.RoundingMethod.AWAY_FROM_ZERO)
+    u = jnp.clip(q, -half, half - 1) + half
+  else:
+    u = jnp.clip(jnp.trunc(y + jnp.float32(0.5)), 0, levels)
+  zero = None if lo is None else _nearest(lo, sdt)
+  return _nearest(d, sdt), zero, u.astype(jnp.uint8)
+
+
 @partial(jax.jit, static_argnums=1)
 def quantize(x: jax.Array, spec: QuantSpec) -> QuantizedArray:
   """Quantizes floating-point `x` (any leading dims) according to `spec`."""
@@ -124,39 +268,13 @@ def quantize(x: jax.Array, spec: QuantSpec) -> QuantizedArray:
     xg = xg.reshape(grouping[0])
   finite = jnp.isfinite(xg)
   x_nan0 = jnp.where(jnp.isnan(xg), 0.0, xg)
-  sdt = spec.scale_jnp_dtype
-  zero = None
-
-  if spec.scheme == "symmetric":
-    amax = _reduce(jnp.max, jnp.where(finite, jnp.abs(xg), 0.0), grouping)
-    amax = amax * spec.clip_ratio
-    top = float(jnp.finfo(spec.fp8_dtype).max) if spec.is_float else (
-        2 ** (spec.bits - 1) - 1)
-    scale = _floor_tiny(_cast(amax / top, sdt, jnp.inf))
-    y = x_nan0 / scale.astype(_F32)
-    if spec.is_float:
-      codes = jnp.clip(y, -top, top).astype(spec.fp8_dtype)
-    else:
-      q = jnp.clip(jnp.round(y), -top - 1, top)
-      codes = (q + 2 ** (spec.bits - 1)).astype(jnp.uint8)
-  else:
-    levels = 2 ** spec.bits - 1
-    lo = _reduce(jnp.min, jnp.where(finite, xg, jnp.inf), grouping)
-    hi = _reduce(jnp.max, jnp.where(finite, xg, -jnp.inf), grouping)
-    any_finite = lo <= hi
-    lo = jnp.where(any_finite, lo, 0.0) * spec.clip_ratio
-    hi = jnp.where(any_finite, hi, 0.0) * spec.clip_ratio
-    zero = _cast(lo, sdt, -jnp.inf)
-    zero32 = zero.astype(_F32)
-    scale = _floor_tiny(_cast((hi - zero32) / levels, sdt, jnp.inf))
-    u = jnp.clip(jnp.round((x_nan0 - zero32) / scale.astype(_F32)), 0, levels)
-    codes = u.astype(jnp.uint8)
-    zero = _stored(zero, grouping)
-
+  fn = _quantize_ggml if spec.rounding == "ggml" else _quantize_kvq
+  scale, zero, codes = fn(xg, finite, x_nan0, grouping, spec)
   codes = codes.reshape(shape)
   data = codes if spec.is_float else packing.pack(codes, spec.bits)
   return QuantizedArray(
-      data=data, scale=_stored(scale, grouping), zero=zero, spec=spec,
+      data=data, scale=_stored(scale, grouping),
+      zero=None if zero is None else _stored(zero, grouping), spec=spec,
       last_dim=shape[-1], dtype=jnp.dtype(x.dtype).name)
 
 
@@ -171,11 +289,11 @@ def dequantize(qa: QuantizedArray, dtype=None) -> jax.Array:
     vals = qa.data.astype(_F32)
   else:
     vals = packing.unpack(qa.data, spec.bits).astype(_F32)
-    if spec.scheme == "symmetric":
+    if not spec.has_zero:
       vals = vals - 2 ** (spec.bits - 1)
   if grouping is not None:
     vals = vals.reshape(grouping[0])
   out = vals * _for_groups(qa.scale, grouping)
-  if spec.scheme == "asymmetric":
+  if spec.has_zero:
     out = out + _for_groups(qa.zero, grouping)
   return out.reshape(shape).astype(out_dtype)

@@ -27,13 +27,25 @@ from typing import Sequence
 
 import jax.numpy as jnp
 
-FORMATS = ("int8", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2")
-SCHEMES = ("symmetric", "asymmetric")
+FORMATS = ("int8", "int5", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2")
+# symmetric: all 2^b codes, the scale set by the signed value of largest
+#   magnitude (llama.cpp q4_0's rule); fp8 uses its own symmetric rule.
+# symmetric_narrow: 2^b - 1 codes, scale = absmax / (2^(b-1) - 1) (q8_0's
+#   rule); integer formats only.
+# asymmetric: scale and zero point from the group's min and max (q4_1's);
+#   integer formats only.
+# See `kvq_jax.quant.quantize` for the arithmetic.
+SCHEMES = ("symmetric", "symmetric_narrow", "asymmetric")
 GRANULARITIES = ("per_tensor", "per_token", "per_channel", "per_group")
 SCALE_DTYPES = ("float32", "bfloat16", "float16")
+# kvq: the project's rounding (scale rounded up into scale_dtype, codes from
+#   the stored scale, round half to even).
+# ggml: llama.cpp's (gguf-py's) arithmetic: scale and zero in float32, codes
+#   from its float32 reciprocal, then scale and zero rounded to nearest.
+ROUNDINGS = ("kvq", "ggml")
 
-_BITS = {"int8": 8, "int4": 4, "int3": 3, "int2": 2, "fp8_e4m3": 8,
-         "fp8_e5m2": 8}
+_BITS = {"int8": 8, "int5": 5, "int4": 4, "int3": 3, "int2": 2,
+         "fp8_e4m3": 8, "fp8_e5m2": 8}
 _FP8_DTYPES = {"fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}
 
 
@@ -47,17 +59,31 @@ class QuantSpec:
 
   Attributes:
     format: storage format, one of `FORMATS`.
-    scheme: "symmetric" (scale only) or "asymmetric" (scale and zero point,
-      integer formats only).
+    scheme: one of `SCHEMES`: "symmetric" (scale only, all 2^bits codes; the
+      stored scale is signed), "symmetric_narrow" (scale only, 2^bits - 1
+      codes, positive scale; integer formats only) or "asymmetric" (scale and
+      zero point; integer formats only).
     granularity: one of `GRANULARITIES` (see the module docstring).
     group_size: per_group: elements per group along `group_axis` (required).
       per_channel: tokens per group along `group_axis` (None: the whole axis).
       Must be None for per_token and per_tensor.
     axis: the (negative) axis a group runs along; None means -1 for
       per_token/per_group and -3 for per_channel. Must be None for per_tensor.
-    clip_ratio: in (0, 1]; the group's absmax (or min and max) is multiplied
-      by it and values outside the clipped range saturate.
+    clip_ratio: r in (0, 1]; values outside the clipped range saturate.
+      symmetric: the group's signed max m becomes r * m; symmetric_narrow and
+      fp8: its absmax becomes r * absmax; asymmetric: its range [lo, hi]
+      shrinks around the centre c = (lo + hi) / 2 to [c - r * w, c + r * w],
+      w = (hi - lo) / 2.
     scale_dtype: dtype of the stored scale (and zero point).
+    rounding: one of `ROUNDINGS`. "kvq" (default): the project's rule. "ggml":
+      llama.cpp's arithmetic, so that quantize -> dequantize reproduces
+      gguf-py's Q8_0 (int8 symmetric_narrow), Q4_0 / Q5_0 (int4 / int5
+      symmetric) and Q4_1 / Q5_1 (int4 / int5 asymmetric), per_group of 32
+      along the last axis, element for element. Requires an integer format,
+      scale_dtype float16 (ggml stores half-precision scales) and clip_ratio
+      1 (ggml does not clip); other group sizes and granularities use the
+      same per-group arithmetic. Non-finite inputs follow the project's
+      policy in both roundings (`kvq_jax.quant.quantize`).
   """
 
   format: str = "int4"
@@ -67,6 +93,7 @@ class QuantSpec:
   axis: int | None = None
   clip_ratio: float = 1.0
   scale_dtype: str = "bfloat16"
+  rounding: str = "kvq"
 
   def __post_init__(self):
     if self.format not in FORMATS:
@@ -81,6 +108,10 @@ class QuantSpec:
       raise ValueError(
           f"QuantSpec.scheme={self.scheme!r} is not supported for "
           f"format={self.format!r}; fp8 formats allow only: symmetric.")
+    if self.rounding not in ROUNDINGS:
+      raise ValueError(
+          f"QuantSpec.rounding={self.rounding!r} is not supported; allowed: "
+          f"{_allowed(ROUNDINGS)}.")
     if self.granularity not in GRANULARITIES:
       raise ValueError(
           f"QuantSpec.granularity={self.granularity!r} is not supported; "
@@ -95,8 +126,26 @@ class QuantSpec:
       raise ValueError(
           f"QuantSpec.clip_ratio={self.clip_ratio!r} is out of range; "
           "allowed: a float in (0, 1].")
+    if self.rounding == "ggml":
+      self._validate_ggml()
     self._validate_group_size()
     self._validate_axis()
+
+  def _validate_ggml(self):
+    if self.is_float:
+      raise ValueError(
+          f"QuantSpec.rounding='ggml' is not supported for format="
+          f"{self.format!r}: ggml's arithmetic is for integer codes; allowed: "
+          f"{_allowed([f for f in FORMATS if f.startswith('int')])}.")
+    if self.scale_dtype != "float16":
+      raise ValueError(
+          f"QuantSpec.rounding='ggml' needs scale_dtype='float16' (ggml "
+          f"stores its scales and minima as float16), got "
+          f"{self.scale_dtype!r}; allowed: float16.")
+    if self.clip_ratio != 1.0:
+      raise ValueError(
+          f"QuantSpec.rounding='ggml' needs clip_ratio=1.0 (ggml does not "
+          f"clip), got {self.clip_ratio!r}; allowed: 1.0.")
 
   def _validate_group_size(self):
     gs = self.group_size
@@ -139,8 +188,13 @@ class QuantSpec:
 
   @property
   def bits(self) -> int:
-    """Bits of one stored code: 8, 4, 3, 2 (8 for both fp8 formats)."""
+    """Bits of one stored code: 8, 5, 4, 3, 2 (8 for both fp8 formats)."""
     return _BITS[self.format]
+
+  @property
+  def has_zero(self) -> bool:
+    """Whether a zero point is stored (scheme asymmetric)."""
+    return self.scheme == "asymmetric"
 
   @property
   def is_float(self) -> bool:
@@ -157,7 +211,8 @@ class QuantSpec:
 
   @property
   def codes_per_byte(self) -> int | fractions.Fraction:
-    """Codes per stored byte: 1, 2, 4 (an int), or Fraction(8, 3) for int3.
+    """Codes per stored byte: 1, 2, 4 (an int), or Fraction(8, bits) for
+    int3 and int5.
 
     `n // codes_per_byte` is the packed byte count and `n % codes_per_byte == 0`
     the packing condition for every format (Fraction arithmetic is exact).
@@ -167,7 +222,7 @@ class QuantSpec:
 
   @property
   def pack_block(self) -> int:
-    """Codes packed together into whole bytes: 1, 2, 8 (int3) or 4."""
+    """Codes packed together into whole bytes: 1, 2, 4, or 8 (int3, int5)."""
     return 8 // self.bits if 8 % self.bits == 0 else 8
 
   @property

@@ -33,10 +33,12 @@ def kv_call(name: str) -> str:
   if spec is None:
     return "base.kv(type='none')"
   kind = "int" if spec.format.startswith("int") else spec.format
+  rounding = "" if spec.rounding == "kvq" else f", rounding={spec.rounding!r}"
   return (f"base.kv(type={kind!r}, bits={spec.bits}, scheme={spec.scheme!r}, "
           f"granularity={spec.granularity!r}, "
           f"group_size={spec.group_size or 0}, "
-          f"clip_ratio={spec.clip_ratio!r}, scale_dtype={spec.scale_dtype!r})")
+          f"clip_ratio={spec.clip_ratio!r}, scale_dtype={spec.scale_dtype!r}"
+          f"{rounding})")
 
 
 def _most_common(names) -> str:

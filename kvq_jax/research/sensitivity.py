@@ -26,8 +26,8 @@ from kvq_jax.research.selective_forward import SelectiveForward
 
 MODES = ("all", "only", "all_but_one")
 TENSORS = ("K", "V", "KV")
-METRICS = ("delta_ppl", "kl_mean", "top1_agreement", "ppl_quant",
-           "ppl_quant_stderr")
+METRICS = ("delta_ppl", "delta_ppl_ci95_low", "delta_ppl_ci95_high",
+           "kl_mean", "top1_agreement", "ppl_quant", "ppl_quant_stderr")
 
 
 @dataclasses.dataclass(frozen=True)

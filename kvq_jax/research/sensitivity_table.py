@@ -4,8 +4,10 @@ JSON layout (`sensitivity.json`):
   {"meta": {preset, model, num_layers, head_dim, cache_dtype, fp_bits,
             base_k, base_v (per-layer short names), formats, config, ...},
    "baseline": {ppl_baseline, ...}, "timing": {...}, "checks": {...},
-   "rows": [{mode, tensor, layer, k_format, v_format, delta_ppl, kl_mean,
+   "rows": [{mode, tensor, layer, k_format, v_format, delta_ppl,
+             delta_ppl_ci95_low, delta_ppl_ci95_high, kl_mean,
              top1_agreement, ppl_quant, ppl_quant_stderr}, ...]}
+(tables written before the CI existed have no delta_ppl_ci95_* entries).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pathlib
 
 import numpy as np
 
+from kvq_jax.eval.uncertainty_format import describe_delta_ci
 from kvq_jax.research.sensitivity import METRICS
 
 CSV_FIELDS = ("mode", "tensor", "layer", "k_format", "v_format") + METRICS
@@ -129,7 +132,12 @@ def summary(table: dict, count: int = 3) -> str:
            f"{table['baseline']['window_len']}, ppl_baseline "
            f"{table['baseline']['ppl_baseline']:.4f})"]
   full = next(r for r in rows if r["mode"] == "all")
-  lines.append(f"  all layers quantized: dPPL {full['delta_ppl']:+.4f}, "
+  if full.get("delta_ppl_ci95_low") is None:  # Older tables: no CI.
+    dppl = f"{full['delta_ppl']:+.4f}"
+  else:
+    dppl = describe_delta_ci(full["delta_ppl"], full["delta_ppl_ci95_low"],
+                             full["delta_ppl_ci95_high"]) + " (95% CI)"
+  lines.append(f"  all layers quantized: dPPL {dppl}, "
                f"KL {full['kl_mean']:.5f}")
   for metric in ("delta_ppl", "kl_mean"):
     kv = only_matrix(rows, n, metric, "KV")

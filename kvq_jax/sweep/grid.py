@@ -17,6 +17,8 @@ from kvq_jax.experiment.short_specs import short_name
 from kvq_jax.quant import FORMATS, QuantSpec
 
 SCHEME_NAMES = {"sym": "symmetric", "symmetric": "symmetric",
+                "narrow": "symmetric_narrow",
+                "symmetric_narrow": "symmetric_narrow",
                 "asym": "asymmetric", "asymmetric": "asymmetric"}
 
 
@@ -76,7 +78,8 @@ def expand_grid(base: CacheSpec | None, formats: Sequence[str],
       None means the CacheSpec defaults.
     formats: QuantSpec formats (int8, int4, int3, int2, fp8_e4m3, fp8_e5m2).
     group_sizes: elements per group along head_dim; 0 means per_token.
-    schemes: sym | asym (or symmetric | asymmetric).
+    schemes: sym | narrow | asym (or symmetric | symmetric_narrow |
+      asymmetric).
     residuals: full-precision residual windows (KIVI), 0 for none.
     head_dim, num_layers: the model's, to reject groups that cannot apply.
   """
@@ -86,7 +89,8 @@ def expand_grid(base: CacheSpec | None, formats: Sequence[str],
                        f"{', '.join(FORMATS)}.")
   for scheme in schemes:
     if scheme not in SCHEME_NAMES:
-      raise ValueError(f"--schemes: {scheme!r}; allowed: sym, asym.")
+      raise ValueError(
+          f"--schemes: {scheme!r}; allowed: sym, narrow, asym.")
   for g in group_sizes:
     if isinstance(g, bool) or not isinstance(g, int) or g < 0:
       raise ValueError(f"--group_sizes: {g!r}; allowed: integers >= 1, or 0 "

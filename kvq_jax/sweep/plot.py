@@ -57,7 +57,8 @@ def pareto_plot(rows: list[dict], path: str | os.PathLike, *,
                   xytext=(4, -10), textcoords="offset points")
   ax.set_yscale("symlog", linthresh=0.01)
   ax.axhline(0.0, color="0.7", lw=0.8)
-  ax.set_xlabel("KV cache bits per element (codes + scales/zeros)")
+  ax.set_xlabel("KV cache effective bits per element at the evaluated "
+                "context (codes, scales, zeros, full-precision tokens)")
   ax.set_ylabel("delta PPL vs full-precision cache (symlog)")
   ax.set_title(title, fontsize=10)
   ax.grid(True, which="both", alpha=0.3)

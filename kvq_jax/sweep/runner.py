@@ -29,7 +29,7 @@ from kvq_jax.sweep.grid import Skipped, SweepPoint, expand_grid
 from kvq_jax.sweep.pareto import pareto_front
 from kvq_jax.sweep.plot import pareto_plot
 from kvq_jax.sweep.points import parse_points
-from kvq_jax.sweep.table import write_csv
+from kvq_jax.sweep.table import PAIRED_COLUMNS, text_table, write_csv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,13 +102,20 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
     per_token, fixed = memory.cache_bytes(cfg, p.spec, jnp.dtype(cache_dtype))
     rows.append({
         "name": p.name, "source": p.source, "status": "ok",
-        "bits_per_element": memory.theoretical_bits(cfg, p.spec,
-                                                    jnp.dtype(cache_dtype)),
+        # Effective bits at the evaluated context (every full-precision
+        # byte charged): the Pareto front's x axis.
+        "bits_per_element": memory.effective_bits(
+            cfg, p.spec, jnp.dtype(cache_dtype), r.window_len),
+        "stored_bits_per_element": memory.theoretical_bits(
+            cfg, p.spec, jnp.dtype(cache_dtype)),
+        "bits_per_element_at_4096": memory.effective_bits(
+            cfg, p.spec, jnp.dtype(cache_dtype), 4096),
         "bytes_per_token": per_token, "fixed_bytes_per_sequence": fixed,
         "ppl": r.quant.ppl, "ppl_baseline": r.baseline.ppl,
         "delta_ppl": r.quant.ppl - r.baseline.ppl, "kl_mean": r.kl_mean,
         "top1_agreement": r.top1_agreement, "num_windows": r.num_windows,
-        "window_len": r.window_len, "num_scored_tokens": r.num_scored_tokens})
+        "window_len": r.window_len, "num_scored_tokens": r.num_scored_tokens,
+        **{k: v for k, v in r.metrics().items() if k in PAIRED_COLUMNS}})
   front = pareto_front([r["bits_per_element"] for r in rows],
                        [r["delta_ppl"] for r in rows])
   for row, on_front in zip(rows, front):
@@ -135,16 +142,7 @@ def skipped_row(s: Skipped) -> dict:
 
 
 def _log_table(rows: list[dict]) -> None:
-  lines = [f"{'name':40s} {'bits':>6s} {'ppl':>9s} {'dPPL':>9s} {'KL':>8s} "
-           f"{'top1':>6s} front"]
-  for r in rows:
-    if r["status"] != "ok":
-      continue
-    lines.append(
-        f"{r['name']:40s} {r['bits_per_element']:6.2f} {r['ppl']:9.3f} "
-        f"{r['delta_ppl']:+9.3f} {r['kl_mean']:8.4f} "
-        f"{r['top1_agreement']:6.3f} {'*' if r['pareto'] else ''}")
-  print("\n".join(lines))
+  print(text_table(rows))
   if any(not math.isfinite(r.get("ppl") or 0.0) for r in rows
          if r["status"] == "ok"):
     logging.warning("sweep: some points have non-finite perplexity.")

@@ -70,8 +70,10 @@ def test_dense_bytes_per_token():
 
 
 def test_fixed_bytes_are_window_and_sinks():
-  # kivi2: window R + F - 1 = 128 + 32 - 1 slots, K and V, per layer.
-  _, fixed = cache_bytes(CONFIG, PRESETS["kivi2"], jnp.bfloat16)
-  assert fixed == 3 * 2 * (128 + 31) * 3 * 64 * 2
+  # kivi2: per-channel K keeps R + F - 1 = 128 + 32 - 1 slots, per-token V
+  # (F = 1) keeps R = 128, per layer, in the bfloat16 window dtype.
+  _, fixed = cache_bytes(CONFIG, PRESETS["kivi2"], jnp.float32)
+  assert fixed == 3 * ((128 + 31) + 128) * 3 * 64 * 2
   _, fixed = cache_bytes(CONFIG, PRESETS["kivi4_sinks"], jnp.bfloat16)
-  assert fixed == 3 * 2 * (32 + 63 + 64) * 3 * 64 * 2
+  # K: R + F - 1 + S = 32 + 63 + 64; V (per-group, F = 1): R + S = 32 + 64.
+  assert fixed == 3 * ((32 + 63 + 64) + (32 + 64)) * 3 * 64 * 2

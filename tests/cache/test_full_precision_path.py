@@ -22,12 +22,14 @@ CHUNKS = (9, 1, 6, 1, 13)  # Uneven, through flushes and several blocks.
 ROPE = Rope(theta=10000.0, rotary_dim=H)
 
 VARIANTS = {
-    "plain": LayerSpec(k=None, v=None, block_size=16),
+    "plain": LayerSpec(k=None, v=None, block_size=16, window_dtype="float32"),
     "sink_residual_flush": LayerSpec(k=None, v=None, sink=3, residual=5,
-                                     flush_block=4, block_size=16),
+                                     flush_k=4, flush_v=4, block_size=16,
+                                     window_dtype="float32"),
     "pre_rope_hadamard_sink_residual": LayerSpec(
-        k=None, v=None, sink=2, residual=3, flush_block=2, key_rope="pre",
-        hadamard_k=True, hadamard_v=True, block_size=8),
+        k=None, v=None, sink=2, residual=3, flush_k=2, flush_v=2, key_rope="pre",
+        hadamard_k=True, hadamard_v=True, block_size=8,
+        window_dtype="float32"),
 }
 
 

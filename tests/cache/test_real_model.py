@@ -24,15 +24,22 @@ SPECS = {
     # the T=40 and T=1 projections occasionally moves a group's absmax across
     # a bfloat16 rounding boundary, which rescales the whole group (NLL
     # differences up to 0.05 were seen on this text); see the report.
+    # symmetric_narrow: with the full-level rule (d = signed extreme / -8)
+    # one value of this text lands within an ulp of a rounding boundary
+    # (x / d = k + 0.5), so the T=40 and T=1 projections round it to
+    # different codes and later NLLs move by up to 0.4; any rule has such
+    # rare boundary cases (about 1 value in 10^6 at a 1e-7 perturbation,
+    # measured on random data), the narrow grid just has none on this text.
     "int4_g32_f32_scales": CacheSpec(
-        k=QuantSpec("int4", "symmetric", "per_group", 32,
+        k=QuantSpec("int4", "symmetric_narrow", "per_group", 32,
                     scale_dtype="float32"),
-        v=QuantSpec("int4", "symmetric", "per_group", 32,
+        v=QuantSpec("int4", "symmetric_narrow", "per_group", 32,
                     scale_dtype="float32"),
         block_size=32),
     "kivi2_r8": CacheSpec(k=QuantSpec("int2", "asymmetric", "per_channel", 32),
                           v=QuantSpec("int2", "asymmetric", "per_group", 32),
-                          residual=8, block_size=32),
+                          residual=8, block_size=32,
+                          window_dtype="float32"),  # same reason, window.
 }
 
 
@@ -44,8 +51,21 @@ def _setup():
   return model, Runtime(model.decoder), ids
 
 
+@pytest.fixture(scope="module", name="dense_nll")
+def _dense_nll(setup):
+  model, rt, ids = setup
+  logits, _ = ts.run_chunks(rt, init_cache(model.config, 1, 64, None), ids,
+                            (40,))
+  return ts.nll(logits, ids)
+
+
+def test_dense_nll_is_pinned(dense_nll):
+  # Golden value: float32, full-precision cache, the 40 tokens of TEXT.
+  assert round(float(dense_nll.mean()), 4) == 2.9846, dense_nll.mean()
+
+
 @pytest.mark.parametrize("name", list(SPECS))
-def test_prefill_and_decode_nll_agree(setup, name):
+def test_prefill_and_decode_nll_agree(setup, dense_nll, name):
   model, rt, ids = setup
   spec = SPECS[name]
   fresh = lambda: init_cache(model.config, 1, 64, spec)
@@ -53,4 +73,8 @@ def test_prefill_and_decode_nll_agree(setup, name):
   decode, _ = ts.run_chunks(rt, fresh(), ids, (1,) * 40)
   nll_p, nll_d = ts.nll(prefill, ids), ts.nll(decode, ids)
   np.testing.assert_allclose(nll_d, nll_p, atol=1e-3, rtol=0)
-  assert 1.0 < nll_p.mean() < 8.0, nll_p.mean()  # Real text, real model.
+  # Quantization is applied (some token's NLL moves by ~1) but costs little
+  # on average at 4 bits and KIVI-2 with its window (measured: mean NLL
+  # -0.015 and +0.067 against the dense cache).
+  assert np.abs(nll_p - dense_nll).max() > 0.01
+  assert abs(nll_p.mean() - dense_nll.mean()) < 0.2, nll_p.mean()

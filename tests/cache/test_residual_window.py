@@ -26,7 +26,8 @@ TOTAL = 21
 ROPE = Rope(theta=10000.0, rotary_dim=H)
 INT8 = QuantSpec("int8", "symmetric", "per_token")
 SPEC = CacheSpec(k=INT8, v=INT8, sink=S, residual=R, flush_block=F,
-                 key_rope="pre", block_size=8).layer(0)
+                 key_rope="pre", block_size=8,
+                 window_dtype="float32").layer(0)
 
 # Q(n) by hand: 2 until n - 5 reaches a multiple of 4.
 HAND_Q = {0: 2, 1: 2, 2: 2, 5: 2, 6: 2, 8: 2, 9: 6, 12: 6, 13: 10, 16: 10,

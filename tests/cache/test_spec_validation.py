@@ -47,10 +47,27 @@ def test_cache_spec_rejects(kwargs, match):
     CacheSpec(**kwargs)
 
 
-def test_per_channel_flush_block_defaults_to_lcm_of_groups():
-  assert CacheSpec(k=PC8, v=INT4_G8).flush_block == 8
-  assert CacheSpec(k=PC8, v=INT4_G8, flush_block=16).flush_block == 16
-  assert CacheSpec(k=INT4_G8, v=INT4_G8).flush_block == 1
+def test_flush_block_is_chosen_per_tensor():
+  # Default: a per-channel tensor waits for its token group, a token-local
+  # one is committed as written (no full-precision window for it).
+  layer = CacheSpec(k=PC8, v=INT4_G8).layer(0)
+  assert (layer.flush_k, layer.flush_v) == (8, 1)
+  assert (layer.window_of("k"), layer.window_of("v")) == (7, 0)
+  layer = CacheSpec(k=INT4_G8, v=PC8, residual=4).layer(0)
+  assert (layer.flush_k, layer.flush_v) == (1, 8)
+  assert layer.full_precision_slots == {"k": 4, "v": 11}
+  # An explicit flush_block applies to both tensors.
+  layer = CacheSpec(k=PC8, v=INT4_G8, flush_block=16).layer(0)
+  assert (layer.flush_k, layer.flush_v) == (16, 16)
+  layer = CacheSpec(k=INT4_G8, v=INT4_G8).layer(0)
+  assert (layer.flush_k, layer.flush_v, layer.window) == (1, 1, 0)
+
+
+def test_layer_override_beyond_the_model_is_refused():
+  spec = CacheSpec(k=INT4_G8, v=INT4_G8, layer_overrides=((30, None, None),))
+  spec.check_num_layers(31)
+  with pytest.raises(ValueError, match="layer 30.*has 30 layers"):
+    spec.check_num_layers(30)
 
 
 @pytest.mark.parametrize("head_dim", [12, 24])

@@ -44,14 +44,21 @@ def test_cache_bytes_per_token_by_hand():
 
 
 def test_memory_report_int4_g32_by_hand():
+  # A token-local format holds no full-precision token: effective = stored.
   report = memory_report(SMOLLM2, INT4_G32, jnp.float32, jnp.float32,
-                         budget_gib=1.0, weight_bytes_per_param=2.0)
+                         budget_gib=1.0, weight_bytes_per_param=2.0,
+                         num_tokens=512)
   weights = 134_515_008 * 2
   free = 2**30 - weights
   ctx_base, ctx_quant = free // 23040, free // 6480
   beta = ctx_base * 23040 / (weights + ctx_base * 23040)
   compression = 23040 / 6480
   assert report["kv_bits_per_element"] == 4.5
+  assert report["kv_bits_per_element_effective"] == 4.5
+  assert report["kv_bits_per_element_at_4096"] == 4.5
+  assert report["kv_bits_per_element_at_32768"] == 4.5
+  assert report["kv_bytes_per_sequence"] == 512 * 6480
+  assert report["kv_bytes_per_sequence_baseline"] == 512 * 46080
   assert report["kv_bytes_per_token"] == 6480
   assert report["kv_bytes_per_token_theoretical"] == 6480
   assert report["kv_fixed_bytes_per_sequence"] == 0
@@ -65,22 +72,45 @@ def test_memory_report_int4_g32_by_hand():
   assert report["speedup_estimate"] == pytest.approx(
       1 / (1 - beta + beta / compression))
   assert report["speedup_estimate"] == pytest.approx(2.1676, abs=1e-4)
+  assert report["full_precision_note"] == "K: none; V: none"
   assert set(BASELINE_KEYS) <= set(report)
 
 
-def test_residual_window_is_a_fixed_cost():
+def test_residual_window_is_charged_in_effective_bits():
+  # KIVI-2: per-channel K waits for its 32-token group on top of R = 128,
+  # per-group V only for R; both windows in bfloat16 (2 bytes).
   spec = CacheSpec(k=parse_short_spec("int2_pc32_asym"),
                    v=parse_short_spec("int2_g32_asym"), residual=128)
-  window = spec.layer(0).window  # residual + flush_block - 1 tokens.
-  report = memory_report(SMOLLM2, spec, jnp.float32, jnp.float32, 1.0, 2.0)
-  fixed = 30 * 2 * window * 3 * 64 * 4
-  assert report["kv_fixed_bytes_per_sequence"] == fixed
-  assert report["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * 3 / 8
+  report = memory_report(SMOLLM2, spec, jnp.float32, jnp.float32, 1.0, 2.0,
+                         num_tokens=512)
+  heads = 3 * 64
+  fp_k, fp_v = 128 + 31, 128
+  assert report["kv_fixed_bytes_per_sequence"] == 30 * (fp_k + fp_v) * heads * 2
+  # Stored: int2 codes + bf16 scale and zero per 32 elements = 3 bits.
+  assert report["kv_bits_per_element"] == 3.0
+  per_tensor_token = heads * 3 / 8  # stored bytes of one token of K or V.
+  at = lambda t: 30 * (per_tensor_token * (t - fp_k) + fp_k * heads * 2
+                       + per_tensor_token * (t - fp_v) + fp_v * heads * 2)
+  assert report["kv_bytes_per_sequence"] == at(512)
+  bits = lambda t: 8 * at(t) / (t * 30 * 2 * heads)
+  assert report["kv_bits_per_element_effective"] == pytest.approx(bits(512))
+  # By hand: K (3 * 353 + 16 * 159) / 512 = 7.0371, V (3 * 384 + 16 * 128) /
+  # 512 = 6.25: more than twice the stored 3 bits at 512 tokens.
+  assert bits(512) == pytest.approx(6.6436, abs=1e-4)
+  assert report["kv_bits_per_element_at_32768"] == pytest.approx(3.0570,
+                                                                 abs=1e-4)
+  assert report["compression_vs_bf16"] == pytest.approx(512 * 23040 / at(512))
   free = 2**30 - 134_515_008 * 2
+  # Largest T with at(T) <= free, solved by hand for the affine at(T).
+  slope = 30 * 2 * per_tensor_token
+  offset = at(0)
   assert report["max_context_tokens_quant"] == math.floor(
-      (free - fixed) / report["kv_bytes_per_token"])
+      (free - offset) / slope)
+  assert report["full_precision_note"] == (
+      "K: up to 159 tokens (sinks 0, residual 128, flush window 31); V: up "
+      "to 128 tokens (sinks 0, residual 128, flush window 0), in bfloat16")
 
 
 def test_budget_below_weights_rejected():
   with pytest.raises(ValueError, match=r"budget_gib=0\.1.*0\.25 GiB"):
-    memory_report(SMOLLM2, INT4_G32, jnp.float32, jnp.float32, 0.1, 2.0)
+    memory_report(SMOLLM2, INT4_G32, jnp.float32, jnp.float32, 0.1, 2.0, 512)

@@ -13,10 +13,16 @@ from kvq_jax.quant import QuantSpec, dequantize, quantize, unpack
 SHAPE = (2, 4, 16)  # Groups of 8 along the last axis: 16 groups.
 SPECS = [
     QuantSpec(format=f, scheme=s, granularity="per_group", group_size=8)
-    for f in ("int8", "int4", "int3", "int2") for s in ("symmetric", "asymmetric")
+    for f in ("int8", "int5", "int4", "int3", "int2")
+    for s in ("symmetric", "symmetric_narrow", "asymmetric")
 ] + [QuantSpec(format=f, granularity="per_group", group_size=8)
-     for f in ("fp8_e4m3", "fp8_e5m2")]
-SPEC_IDS = [f"{s.format}-{s.scheme}" for s in SPECS]
+     for f in ("fp8_e4m3", "fp8_e5m2")] + [
+    QuantSpec(format=f, scheme=s, granularity="per_group", group_size=8,
+              scale_dtype="float16", rounding="ggml")
+    for f, s in (("int8", "symmetric_narrow"), ("int4", "symmetric"),
+                 ("int4", "asymmetric"), ("int5", "symmetric"),
+                 ("int5", "asymmetric"))]
+SPEC_IDS = [f"{s.format}-{s.scheme}-{s.rounding}" for s in SPECS]
 
 
 def _x(seed=0):
@@ -32,6 +38,9 @@ def _leaves(qa):
 @pytest.mark.parametrize("fill", [0.0, 3.0, -2.5, 1e-40, -1e-40, 1e30, -1e30])
 @pytest.mark.parametrize("scale_dtype", ["bfloat16", "float16"])
 def test_degenerate_groups_are_finite(spec, fill, scale_dtype):
+  ggml = spec.rounding == "ggml"
+  if ggml and scale_dtype != "float16":
+    pytest.skip("ggml stores float16 scales")
   spec = dataclasses.replace(spec, scale_dtype=scale_dtype)
   x = _x()
   x[0, 1, :8] = fill  # A constant group.
@@ -45,13 +54,13 @@ def test_degenerate_groups_are_finite(spec, fill, scale_dtype):
   group = dq[0, 1, :8]
   if fill == 0.0:
     assert np.all(group == 0.0)
-  elif abs(fill) < 1e-30:  # Flushed or rounded to zero: scale = tiny.
+  elif abs(fill) < 1e-30:  # Flushed or rounded to zero: |scale| = tiny.
     assert np.all(np.abs(group) <= 2 * float(jnp.finfo(scale_dtype).tiny))
-    assert np.all(np.asarray(qa.scale, np.float32)[0, 1, 0] ==
-                  np.float32(jnp.finfo(scale_dtype).tiny))
+    expected = 0.0 if ggml else np.float32(jnp.finfo(scale_dtype).tiny)
+    assert abs(np.asarray(qa.scale, np.float32)[0, 1, 0]) == expected
   elif abs(fill) > 1e20:
     if scale_dtype == "float16":  # Scale (or zero) caps at float16's max.
-      meta = [float(qa.scale[0, 1, 0])]
+      meta = [abs(float(qa.scale[0, 1, 0]))]
       if qa.zero is not None:
         meta.append(abs(float(qa.zero[0, 1, 0])))
       assert max(meta) == 65504.0
@@ -61,7 +70,7 @@ def test_degenerate_groups_are_finite(spec, fill, scale_dtype):
   elif spec.is_float:  # Constant group: fp8 relative bound.
     np.testing.assert_allclose(group, fill, rtol=2 ** -3)
   else:  # Constant group: within half a step; asymmetric exact.
-    scale = float(qa.scale[0, 1, 0])
+    scale = abs(float(qa.scale[0, 1, 0]))
     assert np.all(np.abs(group - fill) <= scale / 2 * (1 + 1e-6))
     if spec.scheme == "asymmetric":
       assert np.all(group == fill)
@@ -114,8 +123,14 @@ def test_non_finite_value_follows_policy_and_stays_in_its_group(spec, bad):
     return
   codes = np.asarray(unpack(dirty.data, spec.bits))[1, 2, 11]
   levels = 2 ** spec.bits - 1
-  if spec.scheme == "symmetric":
-    expected_code = {np.inf: levels, -np.inf: 0}.get(bad, 2 ** (spec.bits - 1))
+  if spec.scheme != "asymmetric":
+    # +Inf -> the largest value: code `levels` for a positive scale, code 0
+    # for a negative one (full-level symmetric; here m > 0, so scale < 0).
+    top, bottom = (levels, 0) if scale > 0 else (0, levels)
+    if spec.scheme == "symmetric":
+      assert scale < 0
+    expected_code = {np.inf: top, -np.inf: bottom}.get(
+        bad, 2 ** (spec.bits - 1))
     assert codes == expected_code
     if np.isnan(bad):
       assert got == 0.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,8 +12,8 @@ import pytest
 from kvq_jax.quant import QuantSpec, dequantize, quantize, unpack
 from tests.quant._helpers import GROUPINGS, SHAPE, group_ids, grouping_id, per_element
 
-INT_FORMATS = ["int8", "int4", "int3", "int2"]
-SCHEMES = ["symmetric", "asymmetric"]
+INT_FORMATS = ["int8", "int5", "int4", "int3", "int2"]
+SCHEMES = ["symmetric", "symmetric_narrow", "asymmetric"]
 
 
 def _x(seed=0, shape=SHAPE, dtype=jnp.float32):
@@ -23,13 +25,24 @@ def _spec(fmt, scheme, grouping, **kw):
   return QuantSpec(format=fmt, scheme=scheme, **grouping, **kw)
 
 
+def _allowed_error(x, scale, spec):
+  """|scale| / 2, or |scale| where full-level symmetric saturates at the top
+  code (x / scale > 2^(b-1) - 1/2: opposite in sign to the group's m)."""
+  bound = np.abs(scale) / 2
+  if spec.scheme == "symmetric" and not spec.is_float:
+    top = x / scale > 2 ** (spec.bits - 1) - 0.5
+    bound = np.where(top, np.abs(scale), bound)
+  return bound
+
+
 def _check_bound(x, qa, spec):
   x = np.asarray(x, np.float64)
   dq = np.asarray(dequantize(qa, jnp.float32), np.float64)
   scale = per_element(qa.scale, spec, x.shape)
   err = np.abs(x - dq)
-  slack = 1e-6 * (np.abs(x) + scale)  # float32 arithmetic.
-  assert np.all(err <= scale / 2 + slack), float(np.max(err / scale))
+  slack = 1e-6 * (np.abs(x) + np.abs(scale))  # float32 arithmetic.
+  assert np.all(err <= _allowed_error(x, scale, spec) + slack), float(
+      np.max(err / np.abs(scale)))
 
 
 @pytest.mark.parametrize("grouping", GROUPINGS, ids=grouping_id)
@@ -40,7 +53,7 @@ def test_unclipped_error_at_most_half_a_step(fmt, scheme, grouping):
   x = _x()
   qa = quantize(x, spec)
   assert qa.data.dtype == jnp.uint8 and qa.scale.dtype == jnp.bfloat16
-  assert (qa.zero is None) == (scheme == "symmetric")
+  assert (qa.zero is None) == (scheme != "asymmetric")
   assert qa.shape == x.shape and qa.dtype == "float32"
   _check_bound(x, qa, spec)
 
@@ -57,15 +70,21 @@ def test_bound_holds_for_every_scale_dtype(scheme, scale_dtype):
 
 
 def _on_grid(spec, seed):
-  """x = integer codes * per-group power-of-two step (+ zero), extremes hit."""
+  """x = integer codes * per-group power-of-two step (+ zero), extremes hit.
+
+  Full-level symmetric steps have a random sign (negative scales)."""
   rng = np.random.default_rng(seed)
   ids = group_ids(spec, SHAPE)
   n = ids.max() + 1
   step = 2.0 ** rng.integers(-6, 4, size=n)
+  half = 2 ** (spec.bits - 1)
   if spec.scheme == "symmetric":
-    qmax = 2 ** (spec.bits - 1) - 1
-    q = rng.integers(-qmax, qmax + 1, size=SHAPE).astype(np.float64)
-    lo_code, hi_code, offset = -qmax, qmax, np.zeros(n)
+    step *= rng.choice([-1.0, 1.0], size=n)
+    q = rng.integers(-half, half, size=SHAPE).astype(np.float64)
+    lo_code, hi_code, offset = -half, half - 1, np.zeros(n)
+  elif spec.scheme == "symmetric_narrow":
+    q = rng.integers(-half + 1, half, size=SHAPE).astype(np.float64)
+    lo_code, hi_code, offset = -half + 1, half - 1, np.zeros(n)
   else:
     levels = 2 ** spec.bits - 1
     q = rng.integers(0, levels + 1, size=SHAPE).astype(np.float64)
@@ -84,14 +103,16 @@ def _on_grid(spec, seed):
 @pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_values_on_the_grid_come_back_exactly(fmt, scheme, grouping):
   spec = _spec(fmt, scheme, grouping)
-  x = _on_grid(spec, seed=hash((fmt, scheme)) % 1000)
+  x = _on_grid(spec, seed=zlib.crc32(f"{fmt}-{scheme}".encode()) % 1000)
   np.testing.assert_array_equal(dequantize(quantize(jnp.asarray(x), spec)), x)
 
 
 @pytest.mark.parametrize("grouping", GROUPINGS, ids=grouping_id)
-@pytest.mark.parametrize("fmt", INT_FORMATS + ["fp8_e4m3", "fp8_e5m2"])
-def test_symmetric_zeros_stay_zero(fmt, grouping):
-  spec = _spec(fmt, "symmetric", grouping)
+@pytest.mark.parametrize("fmt, scheme", [
+    (f, s) for f in INT_FORMATS for s in ("symmetric", "symmetric_narrow")
+] + [("fp8_e4m3", "symmetric"), ("fp8_e5m2", "symmetric")])
+def test_symmetric_zeros_stay_zero(fmt, scheme, grouping):
+  spec = _spec(fmt, scheme, grouping)
   x = np.array(_x(seed=2), np.float32)
   mask = np.random.default_rng(3).random(SHAPE) < 0.3
   x[mask] = 0.0
@@ -103,7 +124,7 @@ def test_symmetric_zeros_stay_zero(fmt, grouping):
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("fmt", ["int4", "int2", "fp8_e4m3"])
 def test_all_zero_groups_are_exact_and_isolated(fmt, scheme, grouping):
-  if fmt.startswith("fp8") and scheme == "asymmetric":
+  if fmt.startswith("fp8") and scheme != "symmetric":
     pytest.skip("fp8 is symmetric only")
   spec = _spec(fmt, scheme, grouping)
   x = np.array(_x(seed=4), np.float32)
@@ -115,8 +136,8 @@ def test_all_zero_groups_are_exact_and_isolated(fmt, scheme, grouping):
   assert np.all(dq[zero_group] == 0.0)
   tiny = np.float32(jnp.finfo(jnp.bfloat16).tiny)
   scale = per_element(qa.scale, spec, SHAPE)
-  assert np.all(scale[zero_group] == tiny)
-  assert np.all(scale[~zero_group] > tiny)
+  assert np.all(scale[zero_group] == tiny)  # +tiny, whatever the scheme.
+  assert np.all(np.abs(scale[~zero_group]) > tiny)
 
 
 def test_per_tensor_all_zero_is_exact():
@@ -126,12 +147,26 @@ def test_per_tensor_all_zero_is_exact():
     np.testing.assert_array_equal(dequantize(qa), np.zeros(SHAPE))
 
 
-def test_scale_is_rounded_up_in_bfloat16():
+def test_narrow_scale_is_rounded_up_in_bfloat16():
   # amax / 7 = 10 / 7 = 1.428..., bfloat16 neighbours 1.421875 and 1.4296875.
   x = jnp.asarray([[10.0, -3.0, 1.0, 0.0]], jnp.float32)
-  qa = quantize(x, QuantSpec(format="int4", granularity="per_token"))
+  qa = quantize(x, QuantSpec(format="int4", scheme="symmetric_narrow",
+                             granularity="per_token"))
   assert float(qa.scale[0, 0]) == 1.4296875
   assert np.asarray(unpack(qa.data, 4))[0, 0] == 15  # 10 / 1.4297 = 6.99 -> 7.
+
+
+def test_full_level_scale_magnitude_is_rounded_up_and_keeps_its_sign():
+  # m = 10.1 (positive) -> scale = 10.1 / -8 = -1.2625; the bfloat16
+  # neighbours of 1.2625 are 1.2578125 and 1.265625, so scale = -1.265625.
+  # q = round(x / scale): 10.1 -> -7.98 -> -8; -3 -> 2.37 -> 2;
+  # 1 -> -0.79 -> -1; 0 -> 0. Stored u = q + 8 = [0, 10, 7, 8].
+  x = jnp.asarray([[10.1, -3.0, 1.0, 0.0]], jnp.float32)
+  qa = quantize(x, QuantSpec(format="int4", granularity="per_token"))
+  assert float(qa.scale[0, 0]) == -1.265625
+  np.testing.assert_array_equal(unpack(qa.data, 4), [[0, 10, 7, 8]])
+  np.testing.assert_array_equal(
+      dequantize(qa), [[10.125, -2.53125, 1.265625, 0.0]])
 
 
 def test_asymmetric_zero_rounded_down_scale_up():
@@ -171,10 +206,14 @@ def test_fp8_relative_error(fmt, grouping):
   assert np.all(np.abs(np.asarray(qa.data, np.float32)) <= fmax)
 
 
+def _first_of_largest_magnitude(v):
+  return v[np.argmax(np.abs(v))]
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("fmt", INT_FORMATS + ["fp8_e4m3"])
 def test_clipping_saturates_at_the_clipped_range(fmt, scheme):
-  if fmt.startswith("fp8") and scheme == "asymmetric":
+  if fmt.startswith("fp8") and scheme != "symmetric":
     pytest.skip("fp8 is symmetric only")
   ratio = 0.5
   spec = QuantSpec(format=fmt, scheme=scheme, granularity="per_group",
@@ -186,29 +225,42 @@ def test_clipping_saturates_at_the_clipped_range(fmt, scheme):
   ids = group_ids(spec, SHAPE)
   per_group = lambda f: np.vectorize(lambda i: f(x[ids == i]))(ids)
   scale = per_element(qa.scale, spec, SHAPE)
-  tol = 1e-6 * (np.abs(x) + scale)
-  if scheme == "symmetric":
+  tol = 1e-6 * (np.abs(x) + np.abs(dq) + np.abs(scale))  # float32 arithmetic.
+  half = 2 ** (spec.bits - 1)
+  if spec.is_float or scheme == "symmetric_narrow":
     hi = ratio * per_group(lambda v: np.max(np.abs(v)))
     lo = -hi
-    top = float(jnp.finfo(spec.fp8_dtype).max) if spec.is_float else (
-        2 ** (spec.bits - 1) - 1)
+    top = float(jnp.finfo(spec.fp8_dtype).max) if spec.is_float else half - 1
     np.testing.assert_allclose(scale, hi / top, rtol=1e-6)
-    top_value, bottom_value = top * scale, -(top + (0 if spec.is_float else 1)) * scale
-  else:
-    lo, hi = ratio * per_group(np.min), ratio * per_group(np.max)
+    top_value = top * scale
+    bottom_value = -(top + (0 if spec.is_float else 1)) * scale
+  elif scheme == "symmetric":  # Clipped signed max m -> code -half.
+    m = ratio * per_group(_first_of_largest_magnitude)
+    np.testing.assert_allclose(scale, m / -half, rtol=1e-6)
+    hi, lo = np.abs(m), -np.abs(m)
+    top_value = np.maximum(-half * scale, (half - 1) * scale)
+    bottom_value = np.minimum(-half * scale, (half - 1) * scale)
+  else:  # [min, max] shrinks around its centre c to c +- ratio * width / 2.
+    c = (per_group(np.max) + per_group(np.min)) / 2
+    w = (per_group(np.max) - per_group(np.min)) / 2
+    lo, hi = c - ratio * w, c + ratio * w
     zero = per_element(qa.zero, spec, SHAPE)
-    np.testing.assert_allclose(zero, lo, rtol=1e-6)
+    np.testing.assert_allclose(zero, lo, rtol=1e-6, atol=1e-6 * w.max())
+    np.testing.assert_allclose(zero + (2 ** spec.bits - 1) * scale, hi,
+                               rtol=1e-6, atol=1e-6 * w.max())
     top_value, bottom_value = zero + (2 ** spec.bits - 1) * scale, zero
   above, below = x > hi, x < lo
   assert above.any() and below.any()
-  # Saturation: never beyond the extreme codes, and clipped values sit on them.
+  # Saturation: never beyond the extreme values, and clipped values sit on
+  # them (symmetric_narrow: -qmax or -qmax-1 below the range).
   assert np.all(dq <= top_value + tol) and np.all(dq >= bottom_value - tol)
   np.testing.assert_allclose(dq[above], top_value[above], rtol=1e-6)
-  if spec.is_float:
-    np.testing.assert_allclose(dq[below], bottom_value[below], rtol=1e-6)
-  else:
+  if scheme == "symmetric_narrow":
     codes = np.asarray(unpack(qa.data, spec.bits))
-    assert np.all(codes[above] == 2 ** spec.bits - 1)
     assert np.all(codes[below] <= 1)
+  else:
+    np.testing.assert_allclose(dq[below], bottom_value[below], rtol=1e-6)
+  if not spec.is_float:
     inside = ~above & ~below
-    assert np.all(np.abs(x - dq)[inside] <= scale[inside] / 2 + tol[inside])
+    allowed = _allowed_error(x, scale, spec) + tol
+    assert np.all(np.abs(x - dq)[inside] <= allowed[inside])

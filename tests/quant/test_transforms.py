@@ -17,7 +17,11 @@ X = jax.random.normal(jax.random.key(0), (3, 8, 2, 16), jnp.bfloat16)
     QuantSpec(format="int2", scheme="asymmetric", granularity="per_group", group_size=8),
     QuantSpec(format="int8", scheme="asymmetric", granularity="per_channel", group_size=4),
     QuantSpec(format="fp8_e4m3", granularity="per_group", group_size=8),
-], ids=lambda s: f"{s.format}-{s.granularity}")
+    QuantSpec(format="int5", scheme="symmetric_narrow", granularity="per_group",
+              group_size=8),
+    QuantSpec(format="int5", granularity="per_group", group_size=8,
+              scale_dtype="float16", rounding="ggml"),
+], ids=lambda s: f"{s.format}-{s.scheme}-{s.granularity}-{s.rounding}")
 def test_vmap_matches_batched_call(spec):
   batched = quantize(X, spec)
   mapped = jax.vmap(lambda x: quantize(x, spec))(X)

@@ -7,11 +7,15 @@ import json
 
 import pytest
 
+import kvq_jax
+from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.experiment import config_flag
+from kvq_jax.experiment.short_specs import parse_short_spec
+from kvq_jax.facade import window_forward
 from kvq_jax.research import sensitivity_table
 from kvq_jax.research.sensitivity import check_formats, plan_probes
 from kvq_jax.research.sensitivity_runner import OUTPUTS, run_layer_sensitivity
-from tests.experiment import tiny_hf_model
+from tests.experiment import numpy_metrics, tiny_hf_model
 
 L = tiny_hf_model.L
 
@@ -71,7 +75,11 @@ def test_outputs_written(sweep):
   assert len(rows) == len(table["rows"])
   # 1 all + L*(K, V, KV) + L all-but-one + 2 formats * L * (K, V).
   assert len(rows) == 1 + 3 * L + L + 2 * 2 * L
-  assert "most sensitive" in (workdir / "summary.txt").read_text()
+  summary = (workdir / "summary.txt").read_text()
+  assert "most sensitive" in summary
+  full = next(line for line in summary.splitlines()
+              if "all layers quantized" in line)
+  assert "[" in full and "(95% CI)" in full
 
 
 def test_one_compile_and_the_real_cache_agrees(sweep):
@@ -81,7 +89,10 @@ def test_one_compile_and_the_real_cache_agrees(sweep):
   assert checks["max_abs_logit_diff_vs_real_cache"] < 1e-4
   assert checks["delta_ppl_real_cache"] == pytest.approx(
       checks["delta_ppl_selective_all"], abs=1e-4)
-  assert checks["kl_mean_real_cache"] > 0
+  assert checks["kl_mean_real_cache"] == pytest.approx(
+      checks["kl_mean_selective_all"], rel=1e-4)
+  all_row = next(r for r in table["rows"] if r["mode"] == "all")
+  assert all_row["kl_mean"] == checks["kl_mean_selective_all"]
 
 
 def test_rows_are_ordered_by_damage(sweep):
@@ -91,7 +102,10 @@ def test_rows_are_ordered_by_damage(sweep):
   assert meta["fp_bits"] == 32 and meta["head_dim"] == tiny_hf_model.H
   kl = {}
   for row in table["rows"]:
-    assert row["kl_mean"] >= 0 and 0 <= row["top1_agreement"] <= 1
+    assert row["kl_mean"] > 0  # Every probe quantizes something.
+    # 2 windows: a defined 95% CI around ΔPPL.
+    assert (row["delta_ppl_ci95_low"] < row["delta_ppl"]
+            < row["delta_ppl_ci95_high"]), row
     if row["mode"] == "only" and row["tensor"] in ("K", "V"):
       fmt = row["k_format"] if row["tensor"] == "K" else row["v_format"]
       kl[(row["tensor"], row["layer"], fmt)] = row["kl_mean"]
@@ -102,3 +116,48 @@ def test_rows_are_ordered_by_damage(sweep):
               < kl[(tensor, layer, "int2_g32_asym")])
   kv = sensitivity_table.only_matrix(table["rows"], L, "kl_mean", "KV")
   assert (kv > 0).all()
+
+
+def _row(table, mode, tensor, layer, fmt=None):
+  return next(r for r in table["rows"]
+              if (r["mode"], r["tensor"], r["layer"]) == (mode, tensor, layer)
+              and fmt in (None, r["k_format"] if tensor == "K"
+                          else r["v_format"]))
+
+
+def test_all_but_one_is_the_other_layers_only_probe(sweep):
+  """With L = 2, 'all but layer i' quantizes exactly the other layer."""
+  assert L == 2
+  table = sweep["table"]
+  for layer in range(L):
+    probe = _row(table, "all_but_one", "KV", layer)
+    other = _row(table, "only", "KV", 1 - layer)
+    for metric in ("delta_ppl", "kl_mean", "top1_agreement", "ppl_quant"):
+      assert probe[metric] == other[metric], (layer, metric)
+
+
+@pytest.mark.parametrize("tensor,layer,fmt", [
+    ("V", 0, "int2_g32_asym"),  # An extra format (choice 2 + j).
+    ("K", 1, "int4_g32"),       # The base format (choice 1).
+])
+def test_only_row_matches_a_real_cache_and_a_numpy_oracle(
+    sweep, tensor, layer, fmt):
+  """The selective probe == the real cache with that one tensor quantized,
+  scored by numpy (windows cut by hand, second-half scoring)."""
+  lm = kvq_jax.load_model(sweep["model"])
+  windows = numpy_metrics.tiny_windows(lm.tokenizer, sweep["text"], 32, 2)
+  quantized = parse_short_spec(fmt)
+  overrides = tuple(
+      (i, quantized if (i == layer and tensor == "K") else None,
+       quantized if (i == layer and tensor == "V") else None)
+      for i in range(L))
+  spec = CacheSpec(k=None, v=None, layer_overrides=overrides)
+  want = numpy_metrics.second_half_metrics(
+      windows, kvq_jax.forward_logits(lm, windows),
+      window_forward(lm, spec, "float32")(windows))
+  row = _row(sweep["table"], "only", tensor, layer, fmt)
+  numpy_metrics.assert_matches(row, want)
+  assert row["delta_ppl"] == pytest.approx(
+      want["ppl_quant"] - want["ppl_baseline"], rel=1e-4, abs=1e-4)
+  assert sweep["table"]["baseline"]["ppl_baseline"] == pytest.approx(
+      want["ppl_baseline"], rel=1e-5)

@@ -37,13 +37,13 @@ BAD = [
     ("eval.scoring", "x", r"config\.eval\.scoring='x': allowed: all, second_half"),
     ("eval.num_windows", -1, r"config\.eval\.num_windows=-1: allowed: >= 1, or 0"),
     ("eval.batch_size", 0, r"config\.eval\.batch_size=0: allowed: an integer >= 1"),
-    ("cache.k.type", "int5", r"config\.cache\.k\.type='int5': allowed: none, int, "
+    ("cache.k.type", "int6", r"config\.cache\.k\.type='int6': allowed: none, int, "
      r"fp8_e4m3, fp8_e5m2"),
-    ("cache.k.bits", 5, r"config\.cache\.k\.bits=5: allowed for type='int': 8, 4, "
-     r"3, 2"),
-    ("cache.v.bits", 5, r"config\.cache\.v\.bits=5"),
+    ("cache.k.bits", 6, r"config\.cache\.k\.bits=6: allowed for type='int': 8, 5, "
+     r"4, 3, 2"),
+    ("cache.v.bits", 6, r"config\.cache\.v\.bits=6"),
     ("cache.k.scheme", "x", r"config\.cache\.k: QuantSpec\.scheme='x' .*allowed: "
-     r"symmetric, asymmetric"),
+     r"symmetric, symmetric_narrow, asymmetric"),
     ("cache.k.granularity", "x", r"config\.cache\.k: QuantSpec\.granularity='x' "
      r".*allowed: per_tensor, per_token, per_channel, per_group"),
     ("cache.k.clip_ratio", 0, r"config\.cache\.k: QuantSpec\.clip_ratio=0\.0 .*"
@@ -61,7 +61,7 @@ BAD = [
      r"post, pre"),
     ("cache.layer_overrides", "bad", r"cache\.layer_overrides item 'bad': "
      r"expected 'LAYER\[,LAYER\.\.\.\]:K_FORMAT/V_FORMAT'"),
-    ("cache.layer_overrides", "0:int5/fp", r"cache format 'int5' is not "
+    ("cache.layer_overrides", "0:int6/fp", r"cache format 'int6' is not "
      r"understood; allowed: 'fp' or FORMAT"),
     ("cache.dtype", "x", r"config\.cache\.dtype='x': allowed values are float32, "
      r"bfloat16, float16"),

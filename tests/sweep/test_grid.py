@@ -52,7 +52,7 @@ def test_grid_keeps_the_base_cache_settings():
   assert point.spec.k.format == "int4"
 
 
-@pytest.mark.parametrize("flag,value", [("formats", "int5"),
+@pytest.mark.parametrize("flag,value", [("formats", "int6"),
                                         ("schemes", "both")])
 def test_unknown_axis_values_raise(flag, value):
   kwargs = dict(formats=["int4"], group_sizes=[32], schemes=["sym"],
@@ -72,7 +72,8 @@ def test_named_points_presets_and_compact_syntax():
   kivi = points[1].spec
   assert kivi.k.granularity == "per_channel" and kivi.v.group_size == 32
   assert kivi.key_rope == "pre" and kivi.hadamard_v and not kivi.hadamard_k
-  assert kivi.residual == 128 and kivi.flush_block == 32
+  layer = kivi.layer(0)
+  assert kivi.residual == 128 and (layer.flush_k, layer.flush_v) == (32, 1)
   assert points[2].spec.k.clip_ratio == 0.9
   assert point_name(points[2].spec) == "int2_g32_asym_clip0.9"
 

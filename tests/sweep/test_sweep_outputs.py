@@ -10,7 +10,7 @@ from kvq_jax.experiment import config_flag
 from kvq_jax.sweep import reference
 from kvq_jax.sweep.plot import pareto_plot
 from kvq_jax.sweep.runner import SweepRequest, run_sweep
-from kvq_jax.sweep.table import read_csv, write_csv
+from kvq_jax.sweep.table import read_csv, text_table, write_csv
 from tests.experiment import tiny_hf_model
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -34,6 +34,59 @@ def test_csv_round_trip_and_png(tmp_path):
   assert back[0]["num_windows"] == 4 and back[2]["ppl"] is None
   pareto_plot(back, tmp_path / "p.png")
   assert (tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_csv_round_trips_paired_columns_and_reads_older_csvs(tmp_path):
+  row = {"name": "int4_g32", "source": "grid", "status": "ok",
+         "delta_ppl": 0.08, "delta_ppl_ci95_low": -0.02,
+         "delta_ppl_ci95_high": 0.18, "delta_nll_stderr": math.nan,
+         "pareto": False}
+  write_csv(tmp_path / "s.csv", [row])
+  back = read_csv(tmp_path / "s.csv")[0]
+  assert back["delta_ppl_ci95_low"] == -0.02
+  assert back["delta_ppl_ci95_high"] == 0.18
+  assert math.isnan(back["delta_nll_stderr"]) and back["kl_stderr"] is None
+  old = (tmp_path / "s.csv").read_text().splitlines()
+  header = old[0].split(",")
+  keep = [i for i, c in enumerate(header) if "ci95" not in c
+          and "stderr" not in c and c != "delta_nll_mean"]
+  (tmp_path / "old.csv").write_text("\n".join(
+      ",".join(line.split(",")[i] for i in keep) for line in old) + "\n")
+  assert read_csv(tmp_path / "old.csv")[0]["delta_ppl_ci95_low"] is None
+
+
+def test_text_table_prints_delta_with_ci():
+  ok = {"status": "ok", "bits_per_element": 4.5, "ppl": 12.5, "kl_mean": 0.01,
+        "top1_agreement": 0.97, "pareto": True}
+  rows = [
+      ok | {"name": "int4_g32", "delta_ppl": 0.0812,
+            "delta_ppl_ci95_low": -0.0214, "delta_ppl_ci95_high": 0.1838},
+      ok | {"name": "int2_g32_asym", "delta_ppl": -1.234,
+            "delta_ppl_ci95_low": -2.5, "delta_ppl_ci95_high": -0.1,
+            "pareto": False},
+      ok | {"name": "one_window", "delta_ppl": 0.3,
+            "delta_ppl_ci95_low": math.nan, "delta_ppl_ci95_high": math.nan},
+      ok | {"name": "old_row", "delta_ppl": 0.25},
+      {"name": "skipped", "status": "skipped: x", "pareto": False},
+  ]
+  lines = text_table(rows).splitlines()
+  assert lines[0].split()[:6] == ["name", "eff.", "bits", "stored", "ppl",
+                                  "dPPL"]
+  by_name = {line.split()[0]: line for line in lines[1:-1]}
+  assert set(by_name) == {"int4_g32", "int2_g32_asym", "one_window",
+                          "old_row"}
+  assert by_name["int4_g32"].split()[4:9] == [
+      "+0.08", "[\u22120.02,", "+0.18]", "no", "0.0100"]
+  assert by_name["int4_g32"].rstrip().endswith("*")
+  assert by_name["int2_g32_asym"].split()[4:8] == [
+      "\u22121.2", "[\u22122.5,", "\u22120.1]", "yes"]
+  assert "+0.3 [no CI: needs" in by_name["one_window"]
+  assert "n/a" in by_name["one_window"] and "n/a" in by_name["old_row"]
+  assert lines[-1].startswith("eff. bits: effective bits/element")
+  assert "dPPL: paired, 95% CI over windows" in lines[-1]
+  # Columns are aligned: every row is as wide up to the KL column.
+  kl_at = {line.index("0.0100") for line in lines[1:-1]}
+  assert len(kl_at) == 1
 
 
 def test_llama_cpp_reference_is_relative_to_its_f16():
@@ -63,8 +116,11 @@ def test_tiny_end_to_end_sweep(tmp_path, monkeypatch):
   assert int2["bits_per_element"] == 2 + 32 / 32  # bf16 scale + zero.
   assert int2["bytes_per_token"] == 2 * 2 * 32 * 3 / 8
   for r in ok:
-    assert math.isfinite(r["ppl"]) and r["kl_mean"] >= 0
+    assert math.isfinite(r["ppl"]) and r["kl_mean"] > 0  # Lossy: KL > 0.
     assert r["delta_ppl"] == pytest.approx(r["ppl"] - r["ppl_baseline"])
+    # One window: the window-clustered uncertainties are undefined, not 0.
+    assert math.isnan(r["delta_ppl_ci95_low"]), r
+    assert math.isnan(r["delta_nll_stderr"]) and math.isnan(r["kl_stderr"])
   # One baseline for all points.
   assert ok[0]["ppl_baseline"] == ok[1]["ppl_baseline"]
   assert any(r["pareto"] for r in ok)
