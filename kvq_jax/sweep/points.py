@@ -7,7 +7,9 @@
     e.g. `int4_g32`, `int2_pc32_asym`, `int4_g32_asym_clip0.9`; VSPEC
     defaults to KSPEC) on top of the base preset's cache settings, with
     options `pre` / `post` (key_rope), `hadk`, `hadv`, `had` (both), `rN`
-    (residual N tokens), `sN` (sink N tokens).
+    (residual N tokens), `sN` (sink N tokens), `fN` (flush_block N: both K
+    and V wait in full precision until N tokens close, e.g.
+    `int4_g32_asym:f32` to isolate what a 0-31 token window buys).
 A bare name that is both a preset and a short spec is the preset.
 Example: `int4_g32,k8v4,int4_pc32_asym/int4_g32_asym:pre:hadv:r128`.
 """
@@ -27,7 +29,7 @@ from kvq_jax.experiment.short_specs import parse_short_spec
 from kvq_jax.sweep.grid import SweepPoint, check_head_dim
 
 _OPTION = re.compile(r"^(?:(?P<flag>pre|post|hadk|hadv|had)|r(?P<r>\d+)|"
-                     r"s(?P<s>\d+))$")
+                     r"s(?P<s>\d+)|f(?P<f>\d+))$")
 
 
 def load_preset(name_or_path: str) -> ml_collections.ConfigDict:
@@ -76,7 +78,8 @@ def parse_point(item: str, base: CacheSpec | None) -> SweepPoint:
     if not match:
       raise ValueError(
           f"--points item {item!r}: option {option!r} is not understood; "
-          "allowed: pre, post, hadk, hadv, had, rN (residual), sN (sink).")
+          "allowed: pre, post, hadk, hadv, had, rN (residual), sN (sink), "
+          "fN (flush block).")
     flag = match["flag"]
     if flag in ("pre", "post"):
       changes["key_rope"] = flag
@@ -88,6 +91,8 @@ def parse_point(item: str, base: CacheSpec | None) -> SweepPoint:
       changes["hadamard_k"] = changes["hadamard_v"] = True
     elif match["r"]:
       changes["residual"] = int(match["r"])
+    elif match["f"]:
+      changes["flush_block"] = int(match["f"])
     else:
       changes["sink"] = int(match["s"])
   try:

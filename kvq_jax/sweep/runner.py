@@ -110,6 +110,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
             cfg, p.spec, jnp.dtype(cache_dtype)),
         "bits_per_element_at_4096": memory.effective_bits(
             cfg, p.spec, jnp.dtype(cache_dtype), 4096),
+        "full_precision": memory.full_precision_note(cfg, p.spec),
         "bytes_per_token": per_token, "fixed_bytes_per_sequence": fixed,
         "ppl": r.quant.ppl, "ppl_baseline": r.baseline.ppl,
         "delta_ppl": r.quant.ppl - r.baseline.ppl, "kl_mean": r.kl_mean,

@@ -18,7 +18,8 @@ COLUMNS = ("name", "source", "status", "bits_per_element",
            "bytes_per_token",
            "fixed_bytes_per_sequence", "ppl", "ppl_baseline", "delta_ppl",
            "kl_mean", "top1_agreement") + PAIRED_COLUMNS + (
-               "num_windows", "window_len", "num_scored_tokens", "pareto")
+               "num_windows", "window_len", "num_scored_tokens", "pareto",
+               "full_precision")
 
 
 def write_csv(path: str | os.PathLike, rows: list[dict]) -> None:

@@ -105,3 +105,12 @@ def test_same_spec_is_evaluated_once_and_a_name_clash_raises(tmp_path):
                        num_layers=1)
   with pytest.raises(ValueError, match="both named 'mine'"):
     runner._unique(clash)  # pylint: disable=protected-access
+
+
+def test_flush_option_makes_both_tensors_wait():
+  point, = parse_points("int4_g32_asym:f32", None, head_dim=64, num_layers=2)
+  layer = point.spec.layer(0)
+  assert (layer.flush_k, layer.flush_v) == (32, 32)
+  assert layer.full_precision_slots == {"k": 31, "v": 31}
+  plain, = parse_points("int4_g32_asym", None, head_dim=64, num_layers=2)
+  assert plain.spec.layer(0).full_precision_slots == {"k": 0, "v": 0}
