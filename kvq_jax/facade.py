@@ -62,29 +62,73 @@ def load_model(name_or_path: str | os.PathLike = assets.DEFAULT_MODEL,
                      source=str(assets.resolve_model(name_or_path)))
 
 
+def _one_window(graphdef, spec: CacheSpec | None, cache_dtype_name: str,
+                state, tokens_T: jax.Array):
+  """One window prefilled as one chunk into an empty cache of capacity T:
+  (logits [T, V], the per-layer caches of batch size 1)."""
+  model = nnx.merge(graphdef, state)
+  t = tokens_T.shape[0]
+  cache = init_cache(model.config, 1, t, spec, jnp.dtype(cache_dtype_name))
+  positions_1xT = jnp.arange(t, dtype=jnp.int32)[None]
+  logits, cache = model(tokens_T[None], positions_1xT, cache)
+  return logits[0], cache
+
+
+def windows_prefill_fn(graphdef, spec: CacheSpec | None,
+                       cache_dtype_name: str):
+  """fn(state, tokens_BxT) -> (logits_BxTxV, caches), not jitted.
+
+  Windows run one after another (`lax.map`), each as the same batch-1
+  program: XLA:CPU rounds matmuls and reductions differently for different
+  batch sizes, so a batched forward would make the logits (and, through
+  rare code flips at rounding boundaries, a quantized cache's perplexity)
+  depend on `eval.batch_size` and on how a mesh splits the batch. This way a
+  window's numbers depend on the window only. Cache leaves come back
+  stacked, [B, 1, ...].
+  """
+  def run(state, tokens_BxT):
+    return jax.lax.map(
+        lambda tokens_T: _one_window(graphdef, spec, cache_dtype_name, state,
+                                     tokens_T), tokens_BxT)
+  return run
+
+
+@functools.lru_cache(maxsize=16)
+def _window_prefill(graphdef, spec: CacheSpec | None, cache_dtype_name: str):
+  return jax.jit(windows_prefill_fn(graphdef, spec, cache_dtype_name))
+
+
 @functools.lru_cache(maxsize=16)
 def _window_forward(graphdef, spec: CacheSpec | None, cache_dtype_name: str):
-  def forward(state, tokens_BxT):
-    model = nnx.merge(graphdef, state)
-    b, t = tokens_BxT.shape
-    cache = init_cache(model.config, b, t, spec, jnp.dtype(cache_dtype_name))
-    positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, _ = model(tokens_BxT, positions_BxT, cache)
-    return logits
-  return jax.jit(forward)
+  run = windows_prefill_fn(graphdef, spec, cache_dtype_name)
+  return jax.jit(lambda state, tokens_BxT: run(state, tokens_BxT)[0])
+
+
+def _cache_dtype_name(model: "LoadedModel", cache_dtype) -> str:
+  return jnp.dtype(model.decoder.dtype if cache_dtype is None
+                   else cache_dtype).name
 
 
 def window_forward(model: LoadedModel, spec: CacheSpec | None = None,
                    cache_dtype=None):
   """A jitted fn(tokens_BxT) -> float32 logits of fresh windows.
 
-  Every call starts from an empty cache of capacity T and prefills the window
-  as one chunk; `spec` None is the full-precision cache in `cache_dtype`
-  (default: the compute dtype).
+  Every window starts from an empty cache of capacity T and is prefilled as
+  one chunk (`windows_prefill_fn`: one window at a time, so results do not
+  depend on the batch size); `spec` None is the full-precision cache in
+  `cache_dtype` (default: the compute dtype).
   """
   graphdef, state = model.split
-  dtype = jnp.dtype(model.decoder.dtype if cache_dtype is None else cache_dtype)
-  fn = _window_forward(graphdef, spec, dtype.name)
+  fn = _window_forward(graphdef, spec, _cache_dtype_name(model, cache_dtype))
+  return lambda tokens_BxT: fn(state, jnp.asarray(tokens_BxT, jnp.int32))
+
+
+def window_prefill(model: LoadedModel, spec: CacheSpec | None = None,
+                   cache_dtype=None):
+  """Like `window_forward`, returning (logits, caches) with every cache leaf
+  stacked over the windows, [B, 1, ...]."""
+  graphdef, state = model.split
+  fn = _window_prefill(graphdef, spec, _cache_dtype_name(model, cache_dtype))
   return lambda tokens_BxT: fn(state, jnp.asarray(tokens_BxT, jnp.int32))
 
 

@@ -2,9 +2,11 @@
 be set before jax starts, and this pytest process has already started it).
 
 sharded_check.py runs prefill + 3 decode steps of a tiny model (K = 4 KV
-heads) with dense and int4 caches on meshes 2x4 and 4x2, and
-`experiments.run --mesh=2x4` on the tiny HF model (K = 1: KV heads fall back
-to replication), printing one JSON line checked here.
+heads) with dense and int4 caches on meshes 2x4 and 4x2 (tensor parallel:
+equal up to float reassociation), the evaluation forward with int8,
+int4_g32, kivi2 and kvq4 caches on meshes 2x3, 1x3, 3x1 and 1x4 (bit-exact),
+and `experiments.run --mesh=2x4` on the tiny HF model (K = 1: KV heads fall
+back to replication), printing one JSON line checked here.
 """
 
 from __future__ import annotations
@@ -57,11 +59,22 @@ def test_sharded_decode_equals_unsharded(result, mesh, kind):
     assert all(s == want for s in layer[:2 if kind == "dense" else 4]), layer
 
 
+@pytest.mark.parametrize("mesh", ["2x3", "1x3", "3x1", "1x4"])
+@pytest.mark.parametrize("kind", ["int8", "int4_g32", "kivi2", "kvq4"])
+def test_sharded_evaluation_is_bit_identical(result, mesh, kind):
+  # Logits and every packed cache leaf (codes, scales, zeros, windows,
+  # lengths) of the evaluation forward equal the unsharded run's exactly.
+  r = result["eval"][f"{mesh}/{kind}"]
+  assert r["logits_equal"]
+  assert r["num_leaves"] >= 6 and all(r["leaves_equal"]), r["leaves_equal"]
+  assert r["codes_nonzero"]
+
+
 def test_runner_mesh_flag_matches_single_device(result):
   r = result["runner"]
   assert r["mesh"] == "2x4"
   for key, value in r["plain"].items():
-    assert r["sharded"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert r["sharded"][key] == value, key  # bit-identical evaluation.
 
 
 def test_partition_rule_falls_back_to_replication():
