@@ -41,6 +41,20 @@ def kv(type: str = "none", bits: int = 4, scheme: str = "symmetric",  # pylint: 
       rounding=rounding))
 
 
+# llama.cpp cache types (`-ctk/-ctv`): bits and scheme; float16 scales over
+# blocks of 32 and llama.cpp's arithmetic (kvq_jax.quant.ggml).
+GGML_TYPES = {"q8_0": (8, "symmetric_narrow"), "q4_0": (4, "symmetric"),
+              "q4_1": (4, "asymmetric"), "q5_0": (5, "symmetric"),
+              "q5_1": (5, "asymmetric")}
+
+
+def ggml_kv(name: str) -> ml_collections.ConfigDict:
+  """`kv(...)` of llama.cpp type `name` (q8_0, q4_0, q4_1, q5_0, q5_1)."""
+  bits, scheme = GGML_TYPES[name]
+  return kv(type="int", bits=bits, scheme=scheme, group_size=32,
+            scale_dtype="float16", rounding="ggml")
+
+
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.model = "smollm2-135m"

@@ -1,9 +1,11 @@
 """fp8 e4m3 K and V with one bfloat16 scale per (token, head): 8.25 bits/element.
 
-Measured (SmolLM2-135M-Instruct, WikiText-2 test, 40 windows x 512, second-half
-scoring, float32 compute, 2-core CPU): PPL 23.6576 vs baseline 23.5115
-(dPPL +0.1461), KL 0.00470, top-1 0.9557, 8.250 bits/element,
-11880 bytes/token over 30 layers (measured from the cache leaves).
+Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
+windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
+all presets, command in WORKSPACE.md "Results"): dPPL +0.117 [+0.064, +0.171]
+against baseline PPL 23.5115, KL 0.00471 ± 0.00017, top-1 0.9528 ± 0.0023;
+stored 8.25 bits/element, effective 8.25 at 512 tokens and 8.25 at 4096. Full
+precision: K: none; V: none.
 
 Run: python -m experiments.run --config=fp8_e4m3
 """

@@ -1,9 +1,11 @@
 """int2 K and V, asymmetric, groups of 32 along head_dim: 3.0 bits/element.
 
-Measured (SmolLM2-135M-Instruct, WikiText-2 test, 40 windows x 512, second-half
-scoring, float32 compute, 2-core CPU): PPL 201.4202 vs baseline 23.5115
-(dPPL +177.9086), KL 2.05189, top-1 0.2823, 3.000 bits/element,
-4320 bytes/token over 30 layers (measured from the cache leaves).
+Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
+windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
+all presets, command in WORKSPACE.md "Results"): dPPL +177 [+164, +190] against
+baseline PPL 23.5115, KL 2.046 ± 0.034, top-1 0.2770 ± 0.0074; stored 3.00
+bits/element, effective 3.00 at 512 tokens and 3.00 at 4096. Full precision: K:
+none; V: none.
 
 Run: python -m experiments.run --config=int2_g32_asym
 """

@@ -1,9 +1,12 @@
-"""KIVI-2: K per-channel over 32-token groups, V per-token in groups of 32, asymmetric int2, 128-token full-precision residual: 3.0 bits/element + the residual.
+"""KIVI-2: K per-channel over 32-token groups, V per-token in groups of 32, asymmetric int2, 128-token full-precision residual: stored 3.0 bits/element, plus up to 159 (K) and 128 (V) bfloat16 tokens (effective bits below).
 
-Measured (SmolLM2-135M-Instruct, WikiText-2 test, 40 windows x 512, second-half
-scoring, float32 compute, 2-core CPU): PPL 28.5243 vs baseline 23.5115
-(dPPL +5.0128), KL 0.19570, top-1 0.7610, 3.000 bits/element,
-4320 bytes/token over 30 layers (measured from the cache leaves).
+Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
+windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
+all presets, command in WORKSPACE.md "Results"): dPPL +4.97 [+4.34, +5.63]
+against baseline PPL 23.5115, KL 0.1901 ± 0.0077, top-1 0.7575 ± 0.0061; stored
+3.00 bits/element, effective 6.64 at 512 tokens and 3.46 at 4096. Full
+precision: K: up to 159 tokens (sinks 0, residual 128, flush window 31); V: up
+to 128 tokens (sinks 0, residual 128, flush window 0), in bfloat16.
 
 Run: python -m experiments.run --config=kivi2
 """

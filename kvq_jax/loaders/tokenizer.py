@@ -107,8 +107,11 @@ class TextTokenizer:
     """Renders a ChatML conversation (the SmolLM2 / Qwen2 template family).
 
     jinja2 is not a dependency, so only ChatML templates are understood; a
-    default system prompt hard-coded in the template (SmolLM2 has one) is
-    inserted when the conversation does not start with a system message.
+    default system prompt hard-coded in the template as a plain literal
+    (`<|im_start|>system\n...<|im_end|>` with no braces or quotes between, as
+    in SmolLM2's and Qwen2.5's) is inserted when the conversation does not
+    start with a system message. Template code between the markers (Qwen2.5's
+    tools branch, `' + messages[0]['content'] + '`) is not a default prompt.
     """
     template = self.chat_template
     if not template or "<|im_start|>" not in template:
@@ -121,7 +124,7 @@ class TextTokenizer:
         raise ValueError(f"messages[{i}]={message!r}: needs string 'role' and "
                          "'content'.")
     default_system = re.search(
-        r"<\|im_start\|>system(?:\n|\\n)(.*?)<\|im_end\|>", template, re.S)
+        r"<\|im_start\|>system(?:\n|\\n)([^{}'\"]*?)<\|im_end\|>", template)
     parts = []
     if default_system and (not messages or messages[0]["role"] != "system"):
       parts.append(f"<|im_start|>system\n{default_system.group(1)}<|im_end|>\n")

@@ -78,6 +78,25 @@ def test_chat_template_default_system_prompt():
                                 chat_template="{{ x }}").apply_chat_template(msgs)
 
 
+def test_chat_template_default_system_skips_template_code():
+  # Qwen2.5's shape: a tools branch and a `+ messages[0]['content'] +` branch
+  # precede the literal default prompt.
+  template = (
+      "{%- if tools %}{{- '<|im_start|>system\\n' }}{{- 'T' }}"
+      "{{- '\\n</tools><|im_end|>\\n' }}{%- else %}"
+      "{%- if messages[0]['role'] == 'system' %}"
+      "{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+      "'<|im_end|>\\n' }}{%- else %}"
+      "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You "
+      "are a helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- endif %}")
+  tok = tokenizer_lib.TextTokenizer(None, bos_id=None, eos_id=None,
+                                    chat_template=template)
+  text = tok.apply_chat_template([{"role": "user", "content": "q"}])
+  assert text == ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. "
+                  "You are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+                  "q<|im_end|>\n<|im_start|>assistant\n")
+
+
 def test_save_load_and_hf_dir(tok, tmp_path):
   tok.save(tmp_path / "saved")
   again = tokenizer_lib.TextTokenizer.load(tmp_path / "saved")
