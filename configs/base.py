@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from kvq_jax.quant.ggml import ggml_spec
+
 
 def kv(type: str = "none", bits: int = 4, scheme: str = "symmetric",  # pylint: disable=redefined-builtin
        granularity: str = "per_group", group_size: int = 32,
@@ -41,18 +43,13 @@ def kv(type: str = "none", bits: int = 4, scheme: str = "symmetric",  # pylint: 
       rounding=rounding))
 
 
-# llama.cpp cache types (`-ctk/-ctv`): bits and scheme; float16 scales over
-# blocks of 32 and llama.cpp's arithmetic (kvq_jax.quant.ggml).
-GGML_TYPES = {"q8_0": (8, "symmetric_narrow"), "q4_0": (4, "symmetric"),
-              "q4_1": (4, "asymmetric"), "q5_0": (5, "symmetric"),
-              "q5_1": (5, "asymmetric")}
-
-
 def ggml_kv(name: str) -> ml_collections.ConfigDict:
-  """`kv(...)` of llama.cpp type `name` (q8_0, q4_0, q4_1, q5_0, q5_1)."""
-  bits, scheme = GGML_TYPES[name]
-  return kv(type="int", bits=bits, scheme=scheme, group_size=32,
-            scale_dtype="float16", rounding="ggml")
+  """`kv(...)` of llama.cpp cache type `name` (q8_0, q4_0, q4_1, q5_0,
+  q5_1): the fields of `kvq_jax.quant.ggml_spec(name)`."""
+  spec = ggml_spec(name)
+  return kv(type="int", bits=spec.bits, scheme=spec.scheme,
+            group_size=spec.group_size, scale_dtype=spec.scale_dtype,
+            rounding=spec.rounding)
 
 
 def get_config() -> ml_collections.ConfigDict:

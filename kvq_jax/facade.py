@@ -75,8 +75,9 @@ def _one_window(graphdef, spec: CacheSpec | None, cache_dtype_name: str,
 
 
 def windows_prefill_fn(graphdef, spec: CacheSpec | None,
-                       cache_dtype_name: str):
-  """fn(state, tokens_BxT) -> (logits_BxTxV, caches), not jitted.
+                       cache_dtype_name: str, logits_only: bool = False):
+  """fn(state, tokens_BxT) -> (logits_BxTxV, caches), not jitted; with
+  `logits_only`, fn returns the logits alone.
 
   Windows run one after another (`lax.map`), each as the same batch-1
   program: XLA:CPU rounds matmuls and reductions differently for different
@@ -87,26 +88,31 @@ def windows_prefill_fn(graphdef, spec: CacheSpec | None,
   stacked, [B, 1, ...].
   """
   def run(state, tokens_BxT):
-    return jax.lax.map(
+    out = jax.lax.map(
         lambda tokens_T: _one_window(graphdef, spec, cache_dtype_name, state,
                                      tokens_T), tokens_BxT)
+    return out[0] if logits_only else out
   return run
 
 
-@functools.lru_cache(maxsize=16)
-def _window_prefill(graphdef, spec: CacheSpec | None, cache_dtype_name: str):
-  return jax.jit(windows_prefill_fn(graphdef, spec, cache_dtype_name))
-
-
-@functools.lru_cache(maxsize=16)
-def _window_forward(graphdef, spec: CacheSpec | None, cache_dtype_name: str):
-  run = windows_prefill_fn(graphdef, spec, cache_dtype_name)
-  return jax.jit(lambda state, tokens_BxT: run(state, tokens_BxT)[0])
-
-
-def _cache_dtype_name(model: "LoadedModel", cache_dtype) -> str:
+def cache_dtype_name(model: "LoadedModel", cache_dtype=None) -> str:
+  """The full-precision cache dtype's name; None means the compute dtype."""
   return jnp.dtype(model.decoder.dtype if cache_dtype is None
                    else cache_dtype).name
+
+
+@functools.lru_cache(maxsize=32)
+def _jitted(graphdef, spec: CacheSpec | None, dtype_name: str,
+            logits_only: bool):
+  return jax.jit(windows_prefill_fn(graphdef, spec, dtype_name, logits_only))
+
+
+def _bind(model: "LoadedModel", spec: CacheSpec | None, cache_dtype,
+          logits_only: bool):
+  graphdef, state = model.split
+  fn = _jitted(graphdef, spec, cache_dtype_name(model, cache_dtype),
+               logits_only)
+  return lambda tokens_BxT: fn(state, jnp.asarray(tokens_BxT, jnp.int32))
 
 
 def window_forward(model: LoadedModel, spec: CacheSpec | None = None,
@@ -118,18 +124,14 @@ def window_forward(model: LoadedModel, spec: CacheSpec | None = None,
   depend on the batch size); `spec` None is the full-precision cache in
   `cache_dtype` (default: the compute dtype).
   """
-  graphdef, state = model.split
-  fn = _window_forward(graphdef, spec, _cache_dtype_name(model, cache_dtype))
-  return lambda tokens_BxT: fn(state, jnp.asarray(tokens_BxT, jnp.int32))
+  return _bind(model, spec, cache_dtype, logits_only=True)
 
 
 def window_prefill(model: LoadedModel, spec: CacheSpec | None = None,
                    cache_dtype=None):
   """Like `window_forward`, returning (logits, caches) with every cache leaf
   stacked over the windows, [B, 1, ...]."""
-  graphdef, state = model.split
-  fn = _window_prefill(graphdef, spec, _cache_dtype_name(model, cache_dtype))
-  return lambda tokens_BxT: fn(state, jnp.asarray(tokens_BxT, jnp.int32))
+  return _bind(model, spec, cache_dtype, logits_only=False)
 
 
 def forward_logits(model: LoadedModel, ids) -> np.ndarray:

@@ -231,8 +231,7 @@ class QuantizedLayerCache:
   @property
   def dtype(self) -> jnp.dtype:
     """The compute dtype the cache was created with (see `create`)."""
-    store = self.k_store
-    return jnp.dtype(store.dtype)
+    return jnp.dtype(self.k_store.dtype)
 
   def storage_leaves(self) -> list[jax.Array]:
     """Leaves whose size grows with capacity (packed data, scales, zeros)."""
@@ -241,6 +240,11 @@ class QuantizedLayerCache:
   def fixed_leaves(self) -> list[jax.Array]:
     """Full-precision regions whose size does not depend on capacity."""
     return [self.window_k, self.window_v, self.sink_k, self.sink_v]
+
+  def constant_leaves(self) -> list[jax.Array]:
+    """Per-layer constants a format stores (codebooks, calibrated ranges):
+    none for the formats so far; charged by `experiment.memory`."""
+    return []
 
   # -- writing -------------------------------------------------------------
 
@@ -343,11 +347,10 @@ class QuantizedLayerCache:
     index_BxL = jnp.clip(tok_BxL - qs_hi_B[:, None], 0, e_hi.shape[2] - 1)
     e_hi = jnp.take_along_axis(e_hi, index_BxL[:, None, :, None], axis=2)
     fp = {lo: e_lo, hi: e_hi}
+    fp_keys = self._keys_for_scores(fp["k"], tok_BxL, rope)
     window_mask = causal(tok_BxL) & (tok_BxL[:, None, :]
                                      >= hi_end_BxT[:, :, None])
-    state = _block_attention(
-        q_BxKxGxTxH, self._keys_for_scores(fp["k"], tok_BxL, rope), fp["v"],
-        window_mask)
+    state = _block_attention(q_BxKxGxTxH, fp_keys, fp["v"], window_mask)
     s = spec.sink
     if s:  # Sinks: both full precision.
       sink_tok_BxS = jnp.broadcast_to(jnp.arange(s), (b, s))
@@ -360,13 +363,15 @@ class QuantizedLayerCache:
       hi_store = new_cache.k_store if hi == "k" else new_cache.v_store
       dq_hi = _read(_slice_store(hi_store, qs_lo_B, size_e, getattr(spec, hi),
                                  fill=True), getattr(spec, hi))
-      mixed = {lo: e_lo, hi: dq_hi}
+      # Full-precision keys (lo = k) are the window's, already rotated.
+      mixed_keys = (fp_keys if lo == "k" else
+                    self._keys_for_scores(dq_hi, tok_BxL, rope))
+      mixed_values = dq_hi if lo == "k" else e_lo
       mixed_mask = (causal(tok_BxL)
                     & (tok_BxL[:, None, :] >= lo_end_BxT[:, :, None])
                     & (tok_BxL[:, None, :] < hi_end_BxT[:, :, None]))
-      state = _merge(state, _block_attention(
-          q_BxKxGxTxH, self._keys_for_scores(mixed["k"], tok_BxL, rope),
-          mixed["v"], mixed_mask))
+      state = _merge(state, _block_attention(q_BxKxGxTxH, mixed_keys,
+                                             mixed_values, mixed_mask))
 
     # Quantized storage [S, Q_lo(i + 1)), block by block up to the longest.
     blk = spec.block_size

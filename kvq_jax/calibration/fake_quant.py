@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from kvq_jax.quant import QuantSpec
+from kvq_jax.quant.quantize import signed_absmax
 
 
 def ste_round(x: jax.Array) -> jax.Array:
@@ -39,12 +40,6 @@ def _grouped(x: jax.Array, spec: QuantSpec):
         f"axis {spec.group_axis} (shape={x.shape}).")
   return x.reshape(x.shape[:axis] + (length // g, g) + x.shape[axis + 1:]), (
       axis + 1)
-
-
-def _signed_absmax(xg: jax.Array, red: int) -> jax.Array:
-  """The first value of largest magnitude along axis `red` (keepdims)."""
-  index = jnp.argmax(jnp.abs(xg), axis=red, keepdims=True)
-  return jnp.take_along_axis(xg, index, axis=red)
 
 
 def fake_quant(x: jax.Array, spec: QuantSpec, clip: jax.Array) -> jax.Array:
@@ -67,7 +62,7 @@ def fake_quant(x: jax.Array, spec: QuantSpec, clip: jax.Array) -> jax.Array:
         y.astype(spec.fp8_dtype).astype(jnp.float32) - y)) * scale
   elif spec.scheme == "symmetric":
     half = 2 ** (spec.bits - 1)
-    m = _signed_absmax(xg, red) * clip
+    m = signed_absmax(xg, red) * clip
     mag = jnp.maximum(jnp.abs(m) / half, tiny)
     scale = jnp.where(m > 0, -mag, mag)
     out = jnp.clip(ste_round(xg / scale), -half, half - 1) * scale

@@ -56,21 +56,12 @@ def cache_bytes(config: ModelConfig, spec: CacheSpec | None,
   """(stored bytes per token over all layers, fixed bytes per sequence).
 
   Fixed = the full-precision buffers (windows, sinks), allocated per
-  sequence whatever its length; `effective_bytes` combines the two.
+  sequence whatever its length, and any per-layer constants;
+  `effective_bytes` combines the two.
   """
-  per_token, fixed = 0.0, 0
-  for layer in _probe(config, spec, dtype):
-    if isinstance(layer, DenseLayerCache):
-      per_token += _nbytes([layer.k_BxSxKxH, layer.v_BxSxKxH]) / layer.capacity
-    else:
-      per_token += _nbytes(layer.storage_leaves()) / layer.k_store.shape[2]
-      fixed += _nbytes(layer.fixed_leaves())
-  return per_token, fixed
-
-
-def _probe(config: ModelConfig, spec: CacheSpec | None, dtype):
-  return jax.eval_shape(
-      lambda: init_cache(config, 1, _PROBE_SLOTS, spec, dtype))
+  costs = _costs(config, spec, jnp.dtype(dtype).name)
+  return (sum(stored for stored, _, _ in costs),
+          sum(fp_bytes for _, _, fp_bytes in costs))
 
 
 @functools.lru_cache(maxsize=64)
@@ -79,7 +70,9 @@ def _costs(config: ModelConfig, spec: CacheSpec | None, dtype_name: str
   """(stored bytes per token, full-precision slots, their bytes) for every
   tensor of every layer, per-layer constants as (0, 0, bytes)."""
   out = []
-  for layer in _probe(config, spec, jnp.dtype(dtype_name)):
+  cache = jax.eval_shape(lambda: init_cache(config, 1, _PROBE_SLOTS, spec,
+                                            jnp.dtype(dtype_name)))
+  for layer in cache:
     if isinstance(layer, DenseLayerCache):
       out.append((_nbytes([layer.k_BxSxKxH, layer.v_BxSxKxH])
                   / layer.capacity, 0, 0))
@@ -89,8 +82,7 @@ def _costs(config: ModelConfig, spec: CacheSpec | None, dtype_name: str
                                 (layer.v_store, layer.window_v, layer.sink_v)):
       out.append((_nbytes(jax.tree_util.tree_leaves(store)) / slots,
                   window.shape[2] + sink.shape[2], _nbytes([window, sink])))
-    constants = getattr(layer, "constant_leaves", lambda: [])()
-    out.append((0.0, 0, _nbytes(constants)))
+    out.append((0.0, 0, _nbytes(layer.constant_leaves())))
   return tuple(out)
 
 

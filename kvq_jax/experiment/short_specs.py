@@ -64,8 +64,8 @@ def short_name(spec: QuantSpec | None) -> str:
   """Inverse of `parse_short_spec` (kvq rounding: bfloat16 scales assumed)."""
   if spec is None:
     return "fp"
-  if ggml_name(spec) is not None:
-    return ggml_name(spec)
+  if (llama_cpp := ggml_name(spec)) is not None:
+    return llama_cpp
   name = spec.format
   if spec.granularity == "per_group":
     name += f"_g{spec.group_size}"

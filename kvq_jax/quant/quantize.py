@@ -171,14 +171,18 @@ def _rounded(v: jax.Array) -> jax.Array:
   return jnp.clip(v, -fmax, fmax)
 
 
+def signed_absmax(x: jax.Array, axis: int) -> jax.Array:
+  """The first value of largest magnitude along `axis` (keepdims): the m of
+  the symmetric rule (module docstring)."""
+  index = jnp.argmax(jnp.abs(x), axis=axis, keepdims=True)
+  return jnp.take_along_axis(x, index, axis=axis)
+
+
 def _signed_absmax(x_fin: jax.Array, grouping) -> jax.Array:
-  """The first value of largest magnitude per group (keepdims)."""
+  """`signed_absmax` per group (per_tensor: over the whole tensor)."""
   if grouping is None:
-    flat = x_fin.reshape(-1)
-    return flat[jnp.argmax(jnp.abs(flat))].reshape((1,) * x_fin.ndim)
-  axis = grouping[1]
-  index = jnp.argmax(jnp.abs(x_fin), axis=axis, keepdims=True)
-  return jnp.take_along_axis(x_fin, index, axis=axis)
+    return signed_absmax(x_fin.reshape(-1), 0).reshape((1,) * x_fin.ndim)
+  return signed_absmax(x_fin, grouping[1])
 
 
 def _min_max(xg: jax.Array, finite: jax.Array, grouping):

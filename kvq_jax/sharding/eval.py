@@ -23,34 +23,30 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 from kvq_jax.cache.spec import CacheSpec
-from kvq_jax.facade import windows_prefill_fn
+from kvq_jax.facade import cache_dtype_name, windows_prefill_fn
 from kvq_jax.sharding.cache import batch_sharding
-from kvq_jax.sharding.mesh import axis_size
 
 
 @functools.lru_cache(maxsize=16)
-def _prefill(graphdef, spec: CacheSpec | None, cache_dtype_name: str,
+def _prefill(graphdef, spec: CacheSpec | None, dtype_name: str,
              mesh: Mesh, split: bool, logits_only: bool):
-  run = windows_prefill_fn(graphdef, spec, cache_dtype_name)
+  run = windows_prefill_fn(graphdef, spec, dtype_name, logits_only)
   windows = P("data") if split else P()
-  body = (lambda state, tokens: run(state, tokens)[0]) if logits_only else run
-  mapped = jax.shard_map(body, mesh=mesh, in_specs=(P(), windows),
-                         out_specs=windows if logits_only else (windows,
-                                                                windows),
-                         check_vma=False)
+  mapped = jax.shard_map(run, mesh=mesh, in_specs=(P(), windows),
+                         out_specs=windows, check_vma=False)
   return jax.jit(mapped)
 
 
 def _call(model, spec, cache_dtype, mesh: Mesh, logits_only: bool):
   graphdef, state = model.split
-  dtype = jnp.dtype(model.decoder.dtype if cache_dtype is None else cache_dtype)
+  dtype_name = cache_dtype_name(model, cache_dtype)
 
   def call(tokens_BxT):
     tokens = jnp.asarray(tokens_BxT, jnp.int32)
-    split = axis_size(mesh, "data") > 1 and tokens.shape[0] % axis_size(
-        mesh, "data") == 0
-    tokens = jax.device_put(tokens, batch_sharding(tokens.shape[0], mesh))
-    return _prefill(graphdef, spec, dtype.name, mesh, split,
+    sharding = batch_sharding(tokens.shape[0], mesh)
+    split = sharding.spec != P()  # Windows over 'data' when they divide.
+    tokens = jax.device_put(tokens, sharding)
+    return _prefill(graphdef, spec, dtype_name, mesh, split,
                     logits_only)(state, tokens)
   return call
 

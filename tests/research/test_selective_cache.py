@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvq_jax.cache.spec import CacheSpec
-from kvq_jax.facade import _window_forward
+from kvq_jax.facade import LoadedModel, window_forward
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.quant import QuantSpec
 from kvq_jax.research.selective_cache import (SelectiveLayerCache,
@@ -17,7 +17,6 @@ from kvq_jax.research.selective_cache import (SelectiveLayerCache,
 from kvq_jax.research.selective_forward import SelectiveForward
 from tests.models.tiny import TINY
 
-from flax import nnx
 
 CONFIG = TINY  # 2 layers, K=2 kv heads, H=16.
 INT4_G8 = QuantSpec("int4", "symmetric", "per_group", 8)
@@ -51,8 +50,8 @@ def tokens(batch=2, seed=0):
 
 
 def real_logits(spec: CacheSpec | None, ids):
-  graphdef, state = nnx.split(decoder())
-  return np.asarray(_window_forward(graphdef, spec, "float32")(state, ids))
+  model = LoadedModel(decoder=decoder(), tokenizer=None, source="tiny")
+  return np.asarray(window_forward(model, spec, "float32")(ids))
 
 
 @pytest.mark.parametrize("name, choice, real", [
