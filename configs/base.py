@@ -5,7 +5,10 @@ Fields (override any with --config.FIELD=VALUE):
   dtype            compute and parameter dtype (float32 | bfloat16 | float16)
   quantize         False: evaluate the baseline only
   eval.*           num_windows (0 = all), window_len, scoring (all |
-                   second_half, llama.cpp's rule), batch_size (windows/step)
+                   second_half, llama.cpp's rule | last_N, the last N
+                   predictions of a window), batch_size (windows/step),
+                   prefill_chunk (tokens per prefill call where a window is
+                   prefilled in pieces, as a server would: context_curve)
   cache.k, cache.v type (none | int | fp8_e4m3 | fp8_e5m2), bits (int: 8, 5,
                    4, 3, 2), scheme (symmetric: all 2^bits levels, q4_0's
                    rule | symmetric_narrow: 2^bits - 1 levels, q8_0's |
@@ -21,8 +24,10 @@ Fields (override any with --config.FIELD=VALUE):
                    cache.window_dtype (bfloat16 | float16 | float32: storage
                    of the full-precision residual/flush window and sinks)
   attention.impl   xla | pallas (decode attention over the packed cache)
-  memory.*         budget_gib and weight_dtype for the context-that-fits
-                   and speed-up estimates
+  memory.*         budget_gib (total GiB for weights + KV cache; 0 = auto:
+                   the weights plus 1 GiB for the cache, so every model
+                   fits) and weight_dtype for the context-that-fits and
+                   speed-up estimates
   decode_bench.*   batch_size, context, steps of the decode-speed measurement
 """
 
@@ -58,14 +63,15 @@ def get_config() -> ml_collections.ConfigDict:
   c.dtype = "float32"
   c.quantize = True
   c.eval = ml_collections.ConfigDict(dict(
-      num_windows=8, window_len=512, scoring="second_half", batch_size=2))
+      num_windows=8, window_len=512, scoring="second_half", batch_size=2,
+      prefill_chunk=512))
   c.cache = ml_collections.ConfigDict(dict(
       k=kv(), v=kv(), dtype="", residual=0, flush_block=0, sink=0,
       key_rope="post", hadamard_k=False, hadamard_v=False, block_size=256,
       layer_overrides="", window_dtype="bfloat16"))
   c.attention = ml_collections.ConfigDict(dict(impl="xla"))
   c.memory = ml_collections.ConfigDict(dict(
-      budget_gib=1.0, weight_dtype="bfloat16"))
+      budget_gib=0.0, weight_dtype="bfloat16"))
   c.decode_bench = ml_collections.ConfigDict(dict(
       batch_size=8, context=1024, steps=8))
   return c

@@ -1,7 +1,11 @@
 """Benchmarks decode attention (dense bf16, XLA quantized, Pallas) vs context.
 
-  python experiments/bench_attention.py --max_context=16384
-  python experiments/bench_attention.py --shape=8b --formats=int8,int4_g32
+  python -m experiments.bench_attention --max_context=16384
+  python -m experiments.bench_attention --model=qwen2.5-coder-1.5b
+  python -m experiments.bench_attention --shape=8b --formats=int8,int4_g32
+
+One layer's attention at the (K, G, H) of `--model` (a registered name or a
+checkpoint path, read for its metadata only) or of a synthetic `--shape`.
 
 Pallas runs compiled on GPU/TPU; on CPU only with --pallas_interpret (which
 checks it runs; interpreter times are not kernel timings).
@@ -13,15 +17,19 @@ from absl import app
 from absl import flags
 import jax
 
+from kvq_jax import assets
+from kvq_jax.facade import model_config
 from kvq_jax.kernels import benchmark
 
-SHAPES = {"smollm2": (3, 3, 64), "8b": (8, 4, 128)}  # (K, G, H)
+SHAPES = {"8b": (8, 4, 128)}  # Synthetic (K, G, H) without a checkpoint.
 
 _MAX_CONTEXT = flags.DEFINE_integer(
     "max_context", None, "Largest context; default 131072 on GPU/TPU, 16384 "
     "on CPU. Contexts are 1024, 2048, ... doubling up to it.")
-_SHAPE = flags.DEFINE_enum("shape", "smollm2", list(SHAPES),
-                           "smollm2: K=3, G=3, H=64; 8b: K=8, G=4, H=128.")
+_MODEL = flags.DEFINE_string("model", assets.DEFAULT_MODEL,
+                             "registered name or checkpoint path (shapes)")
+_SHAPE = flags.DEFINE_enum("shape", None, list(SHAPES),
+                           "instead of --model: 8b = K=8, G=4, H=128.")
 _BATCH = flags.DEFINE_integer("batch", 1, "Sequences.")
 _FORMATS = flags.DEFINE_list("formats", ["int8", "int4_g32", "int2_g32"],
                              f"Quantized formats: {list(benchmark.SPECS)}.")
@@ -41,10 +49,17 @@ def main(argv):
   while c <= max_context:
     contexts.append(c)
     c *= 2
-  kv_heads, g, head_dim = SHAPES[_SHAPE.value]
+  if _SHAPE.value:
+    source = f"--shape={_SHAPE.value}"
+    kv_heads, g, head_dim = SHAPES[_SHAPE.value]
+  else:
+    config = model_config(_MODEL.value)
+    source = f"{_MODEL.value} ({config.name})"
+    kv_heads, g, head_dim = (config.num_kv_heads, config.group_size,
+                             config.head_dim)
   print(benchmark.machine_description())
-  print(f"B={_BATCH.value} K={kv_heads} G={g} H={head_dim}, contexts "
-        f"{contexts}")
+  print(f"{source}: B={_BATCH.value} K={kv_heads} G={g} H={head_dim}, "
+        f"contexts {contexts}")
   rows = benchmark.run(
       contexts, batch=_BATCH.value, kv_heads=kv_heads, g=g, head_dim=head_dim,
       formats=_FORMATS.value, pallas=(not on_cpu) or _PALLAS_INTERPRET.value,

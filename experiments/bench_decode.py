@@ -1,11 +1,15 @@
-"""One decode step of a SmolLM2-135M-shaped model vs context and cache kind.
+"""One decode step of a registered model's shapes vs context and cache kind.
 
   python -m experiments.bench_decode --max_context=32768 --repeats=3
+  python -m experiments.bench_decode --model=gemma3-270m --max_context=8192
 
 Prints time per step (median), XLA temporaries of the compiled step and the
 cache bytes (every cache leaf), each with its ratio to the dense bf16 cache.
-The weights are random float32 of the real SmolLM2-135M shapes (timing and
-memory do not depend on their values); the cache contents are zeros.
+The weights are random float32 of the model's real shapes (`--model`, a
+registered name or a checkpoint path, read for its metadata only; timing and
+memory do not depend on the values); the cache contents are zeros. Sliding-
+window layers (Gemma 3) get their ring caches, so their bytes stop growing
+past the window.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from __future__ import annotations
 from absl import app
 from absl import flags
 
+from kvq_jax import assets
 from kvq_jax.experiment import decode_bench
 from kvq_jax.experiment.timing import machine_description
-from kvq_jax.models.bench import PRESETS
+from kvq_jax.facade import model_config
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.models.runtime import Runtime
 
@@ -25,6 +30,8 @@ _KINDS = flags.DEFINE_list("kinds", list(decode_bench.KINDS),
                            f"Cache kinds: {list(decode_bench.KINDS)}.")
 _BATCH = flags.DEFINE_integer("batch", 1, "Sequences per step.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps (median).")
+_MODEL = flags.DEFINE_string("model", assets.DEFAULT_MODEL,
+                             "registered name or checkpoint path (shapes)")
 
 
 def main(argv):
@@ -34,12 +41,15 @@ def main(argv):
   while c <= _MAX_CONTEXT.value:
     contexts.append(c)
     c *= 2
-  config = PRESETS["smollm2_135m"]
+  config = model_config(_MODEL.value)
   runtime = Runtime(decoder_from_params(config, random_params(config)))
   print(machine_description())
-  print(f"model: random float32 weights of the SmolLM2-135M shapes "
-        f"(L={config.num_layers}, K={config.num_kv_heads}, "
-        f"N={config.num_heads}, H={config.head_dim}); B={_BATCH.value}; "
+  local = (f", {len(config.local_layers)} sliding-window layers of "
+           f"{config.sliding_window}" if config.local_layers else "")
+  print(f"model: random float32 weights of the {_MODEL.value} shapes "
+        f"({config.name}, L={config.num_layers}, K={config.num_kv_heads}, "
+        f"N={config.num_heads}, H={config.head_dim}{local}); "
+        f"B={_BATCH.value}; "
         f"median of {_REPEATS.value} steps; contexts {contexts}")
   rows = decode_bench.run(runtime, _KINDS.value, contexts,
                           batch_size=_BATCH.value, repeats=_REPEATS.value)

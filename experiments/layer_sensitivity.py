@@ -14,7 +14,7 @@ summary.txt to --workdir (default runs/sensitivity_<preset>).
 from absl import app
 from absl import flags
 
-from kvq_jax.experiment.config_flag import DEFINE_preset_config
+from kvq_jax.experiment.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.experiment.data_flags import DEFINE_data_flags
 from kvq_jax.research.sensitivity_runner import run_layer_sensitivity
 
@@ -34,8 +34,7 @@ _CHECK = flags.DEFINE_bool(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  name = flags.FLAGS["config"].serialize().split("=", 1)[-1]
-  name = name.rsplit("/", 1)[-1].removesuffix(".py")
+  name = preset_name()
   run_layer_sensitivity(
       _CONFIG.value, _WORKDIR.value or f"runs/sensitivity_{name}",
       eval_data=_EVAL_DATA.value, model=_MODEL.value, name=name,

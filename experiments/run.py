@@ -9,7 +9,7 @@ from absl import app
 from absl import flags
 
 from kvq_jax.experiment import runner
-from kvq_jax.experiment.config_flag import DEFINE_preset_config
+from kvq_jax.experiment.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.experiment.data_flags import DEFINE_data_flags
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
@@ -24,8 +24,7 @@ _MESH = flags.DEFINE_string(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  name = flags.FLAGS["config"].serialize().split("=", 1)[-1]
-  name = name.rsplit("/", 1)[-1].removesuffix(".py")
+  name = preset_name()
   runner.run(_CONFIG.value, _WORKDIR.value or f"runs/{name}",
              eval_data=_EVAL_DATA.value, model=_MODEL.value, name=name,
              mesh=_MESH.value or None)

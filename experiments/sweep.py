@@ -19,7 +19,7 @@ from absl import app
 from absl import flags
 
 from kvq_jax.experiment.config_flag import DEFINE_preset_config
-from kvq_jax.experiment.data_flags import DEFINE_data_flags
+from kvq_jax.experiment.data_flags import DEFINE_data_flags, int_list
 from kvq_jax.sweep.runner import SweepRequest, run_sweep
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
@@ -37,21 +37,14 @@ _RESIDUALS = flags.DEFINE_list("residuals", ["0"],
 _POINTS = flags.DEFINE_list("points", [], "named points (module docstring)")
 
 
-def _ints(values: list[str], flag: str) -> list[int]:
-  try:
-    return [int(v) for v in values]
-  except ValueError as e:
-    raise app.UsageError(f"--{flag}={','.join(values)}: integers only.") from e
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   request = SweepRequest(
       formats=tuple(_FORMATS.value),
-      group_sizes=tuple(_ints(_GROUP_SIZES.value, "group_sizes")),
+      group_sizes=int_list(_GROUP_SIZES),
       schemes=tuple(_SCHEMES.value),
-      residuals=tuple(_ints(_RESIDUALS.value, "residuals")),
+      residuals=int_list(_RESIDUALS),
       points=tuple(_POINTS.value))
   run_sweep(_CONFIG.value, _WORKDIR.value, request,
             eval_data=_EVAL_DATA.value, model=_MODEL.value)

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import pathlib
-
 import gguf
 import numpy as np
 import pytest
 
 import kvq_jax
 from kvq_jax import assets
-from kvq_jax.eval.corpus import load_eval_text
-from kvq_jax.eval.evaluate import evaluate_windows
-from kvq_jax.eval.windows import make_windows, scored_mask
 from kvq_jax.experiment.memory import num_params
-from kvq_jax.facade import window_forward
 from kvq_jax.models.generate import generate
+from tests import real_wikitext
 
 pytestmark = pytest.mark.slow
 
-WIKITEXT = (pathlib.Path(__file__).resolve().parents[1].parent / "shared" /
-            "data" / "wikitext-2-raw" / "wiki.test.raw")
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +37,11 @@ def test_wikitext2_baseline_perplexity_is_pinned(model):
   Measured once with this code on a 2-core CPU (22.743698719625478, about
   2e-6 relative from either rounding boundary of the 4th decimal).
   """
-  if not WIKITEXT.is_file():
-    pytest.skip(f"{WIKITEXT} is missing; the pinned value is WikiText-2's.")
-  text, _ = load_eval_text(str(WIKITEXT))
-  windows = make_windows(model.tokenizer.encode(text), 512, 4)
+  windows = real_wikitext.first_windows(model)
   # " \n", " =", " Robert", " B": the test file's first tokens.
   assert windows[0, :4].tolist() == [3717, 446, 6356, 389]
-  result = evaluate_windows(windows, scored_mask(512, "second_half"),
-                            window_forward(model), batch_size=4)
-  assert result.num_scored_tokens == 4 * 255
-  assert round(result.baseline.ppl, 4) == 22.7437, result.baseline.ppl
+  ppl = real_wikitext.baseline_ppl(model, windows)
+  assert round(ppl, 4) == 22.7437, ppl
 
 
 def test_greedy_chat_answer_is_english(model):

@@ -16,8 +16,9 @@ from kvq_jax.assets.registry import PartedWheelAsset
 from kvq_jax.assets.registry import REGISTRY
 from kvq_jax.assets.registry import WheelAsset
 from kvq_jax.assets.registry import WheelPart
+from kvq_jax.assets.registry import is_fetched
 from kvq_jax.assets.registry import resolve_model
 
 __all__ = ["cache_root", "load_params_cached", "resolve_model", "REGISTRY",
            "DEFAULT_MODEL", "WheelAsset", "WheelPart", "PartedWheelAsset",
-           "AssetFetchError"]
+           "AssetFetchError", "is_fetched"]

@@ -59,7 +59,7 @@ def _restore(entry: pathlib.Path) -> tuple[ModelConfig, dict[str, Any],
   meta = json.loads((entry / "config.json").read_text())
   if meta.pop("format_version") != FORMAT_VERSION:
     raise ValueError(f"{entry}: format_version mismatch.")
-  config = ModelConfig(**meta)
+  config = ModelConfig.from_dict(meta)  # JSON lists back to tuples.
   target = _abstract_params(config)
   params = ocp.StandardCheckpointer().restore(entry / "params", target)
   params = _to_numpy(params)

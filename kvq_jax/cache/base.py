@@ -16,6 +16,12 @@ included, back from the cache. The query at chunk index t sees slots
 s <= length_b + t (causal). The returned cache has length_b + T.
 Writing past `capacity` is an error (checked eagerly by `check_capacity`).
 
+Sliding-window (local) layers narrow the visibility to the band
+length_b + t - W < s <= length_b + t and hold only their window, in a ring
+buffer (`cache/sliding.py`): such a cache has a `sliding_window` attribute
+W (absent or None on a global layer's cache), never overflows, and is
+skipped by `check_capacity`. Its `length_B` still counts every token.
+
 A layer cache is a pytree (`flax.struct.dataclass`): arrays are leaves;
 capacity, dtypes and quantization specs are static fields, so caches of
 different kinds (per-layer mixed precision) compile to different programs and a
@@ -46,9 +52,12 @@ def check_capacity(cache: Sequence[LayerCache], num_new_tokens: int) -> None:
   """Raises ValueError if writing `num_new_tokens` would overflow any layer.
 
   Call outside `jit` (it reads the concrete lengths); the jitted step itself
-  never wraps around or clamps.
+  never wraps around or clamps. Sliding-window layers (ring buffers) are
+  skipped: they never overflow.
   """
   for i, layer in enumerate(cache):
+    if getattr(layer, "sliding_window", None) is not None:
+      continue
     longest = int(np.max(np.asarray(layer.length_B)))
     if longest + num_new_tokens > layer.capacity:
       raise ValueError(

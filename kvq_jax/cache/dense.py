@@ -28,6 +28,21 @@ def write_slots(buffer_BxSxKxH: jax.Array, new_BxTxKxH: jax.Array,
                              start_B.astype(jnp.int32))
 
 
+def check_dense_args(batch_size: int, capacity: int, num_kv_heads: int,
+                     head_dim: int, dtype, where: str) -> jnp.dtype:
+  """ValueError naming `where` for a bad argument; returns the dtype."""
+  for name, value in (("batch_size", batch_size), ("capacity", capacity),
+                      ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+      raise ValueError(
+          f"{where}.{name}={value!r}: must be a positive integer.")
+  dtype = jnp.dtype(dtype)
+  if dtype not in [jnp.dtype(d) for d in _ALLOWED_DTYPES]:
+    raise ValueError(
+        f"{where}.dtype={dtype}: allowed are float32, bfloat16, float16.")
+  return dtype
+
+
 @struct.dataclass
 class DenseLayerCache:
   """One layer's keys (post-RoPE) and values, [B, S=capacity, K, H]."""
@@ -40,17 +55,8 @@ class DenseLayerCache:
   @classmethod
   def create(cls, batch_size: int, capacity: int, num_kv_heads: int,
              head_dim: int, dtype=jnp.float32) -> DenseLayerCache:
-    for name, value in (("batch_size", batch_size), ("capacity", capacity),
-                        ("num_kv_heads", num_kv_heads),
-                        ("head_dim", head_dim)):
-      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(
-            f"DenseLayerCache.{name}={value!r}: must be a positive integer.")
-    dtype = jnp.dtype(dtype)
-    if dtype not in [jnp.dtype(d) for d in _ALLOWED_DTYPES]:
-      raise ValueError(
-          f"DenseLayerCache.dtype={dtype}: allowed are float32, bfloat16, "
-          "float16.")
+    dtype = check_dense_args(batch_size, capacity, num_kv_heads, head_dim,
+                             dtype, "DenseLayerCache")
     shape = (batch_size, capacity, num_kv_heads, head_dim)
     return cls(k_BxSxKxH=jnp.zeros(shape, dtype),
                v_BxSxKxH=jnp.zeros(shape, dtype),
@@ -70,14 +76,15 @@ class DenseLayerCache:
 
 
 def write_and_attend(cache, q_BxTxNxH: jax.Array, k_BxTxKxH: jax.Array,
-                     v_BxTxKxH: jax.Array):
+                     v_BxTxKxH: jax.Array, window: int | None = None):
   """Stores K (already rotated) / V at slots [length_b, length_b + T) of a
   dense-layout cache (fields k_BxSxKxH, v_BxSxKxH, length_B, capacity), then
-  attends over every slot; returns (out_BxTxNxH, the updated cache)."""
+  attends over every slot (only the last `window` tokens of each query with
+  a sliding window); returns (out_BxTxNxH, the updated cache)."""
   num_new = q_BxTxNxH.shape[1]
   k_all = write_slots(cache.k_BxSxKxH, k_BxTxKxH, cache.length_B)
   v_all = write_slots(cache.v_BxSxKxH, v_BxTxKxH, cache.length_B)
-  mask_BxTxS = attention_mask(cache.length_B, num_new, cache.capacity)
+  mask_BxTxS = attention_mask(cache.length_B, num_new, cache.capacity, window)
   out_BxTxNxH = gqa_attention(q_BxTxNxH, k_all, v_all, mask_BxTxS)
   return out_BxTxNxH, cache.replace(k_BxSxKxH=k_all, v_BxSxKxH=v_all,
                                     length_B=cache.length_B + num_new)

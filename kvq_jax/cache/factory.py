@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from kvq_jax.cache import init_layer_caches
-from kvq_jax.cache.dense import DenseLayerCache
+from kvq_jax.cache import dense_layer_cache, init_layer_caches
 from kvq_jax.cache.quantized import QuantizedLayerCache
+from kvq_jax.cache.sliding_quantized import SlidingQuantizedLayerCache
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.models.config import ModelConfig
 
@@ -19,6 +19,11 @@ def init_cache(config: ModelConfig, batch_size: int, capacity: int,
   the quantized cache quantizes from); the quantized cache's sink/residual
   buffers use `spec.window_dtype`. A layer override naming a layer the
   model does not have is a ValueError.
+
+  A sliding-window layer (`config.layer_window(i)` not None) gets the ring
+  buffer of its kind, `SlidingDenseLayerCache` or
+  `SlidingQuantizedLayerCache` (without sinks), sized by the window, not
+  by `capacity`; global layers get the linear caches of size `capacity`.
   """
   if spec is not None:
     spec.check_num_layers(config.num_layers)
@@ -26,9 +31,13 @@ def init_cache(config: ModelConfig, batch_size: int, capacity: int,
   def make(i: int):
     layer = None if spec is None else spec.layer(i)
     if layer is None or layer.is_full_precision:
-      return DenseLayerCache.create(batch_size, capacity, config.num_kv_heads,
-                                    config.head_dim, dtype)
-    return QuantizedLayerCache.create(layer, batch_size, capacity,
-                                      config.num_kv_heads, config.head_dim,
-                                      dtype)
+      return dense_layer_cache(config, i, batch_size, capacity, dtype)
+    window = config.layer_window(i)
+    if window is None:
+      return QuantizedLayerCache.create(layer, batch_size, capacity,
+                                        config.num_kv_heads, config.head_dim,
+                                        dtype)
+    return SlidingQuantizedLayerCache.create(
+        layer, batch_size, capacity, config.num_kv_heads, config.head_dim,
+        dtype, sliding_window=window)
   return init_layer_caches(config, make)

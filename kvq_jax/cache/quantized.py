@@ -42,6 +42,10 @@ cannot run, an explicit "pallas" raises ValueError and a tuple such as
 ("pallas", "xla") falls back to the loop with a warning (at trace time).
 Prefill (T > 1) always uses the loop.
 
+Sliding-window (local) layers use `cache/sliding_quantized.py`, which keeps
+the same formats and windows with ring-buffer storage, built on the helpers
+here (`fresh_tokens`, `incoming_tokens`, `keys_for_scores`, ...).
+
 Positions: the cache assumes token i sits at position i (slot == position),
 which is what pre-RoPE keys are rotated with at read time. With
 key_rope='pre', other positions are refused (`check_positions`: eagerly
@@ -59,7 +63,7 @@ import numpy as np
 from flax import struct
 
 from kvq_jax.cache import hadamard
-from kvq_jax.cache.attention import MASK_VALUE, split_nonfinite
+from kvq_jax.cache.attention import block_attention, merge_states
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.kernels.decode_attention import DEFAULT_BLOCK_K, decode_attention
 from kvq_jax.kernels.dispatch import (choose_implementation,
@@ -71,7 +75,7 @@ from kvq_jax.quant import QuantizedArray, QuantSpec, dequantize, quantize
 Store = QuantizedArray | jax.Array
 
 
-def _round_up(x: int, m: int) -> int:
+def round_up(x: int, m: int) -> int:
   return -(-x // m) * m
 
 
@@ -107,13 +111,13 @@ def check_positions(spec: LayerSpec, positions_BxT, length_B) -> None:
         "use key_rope='post' for arbitrary positions.")
 
 
-def _group(spec: QuantSpec | None) -> int:
+def token_group(spec: QuantSpec | None) -> int:
   if spec is not None and spec.granularity == "per_channel":
     return spec.group_size
   return 1
 
 
-def _empty_store(spec: QuantSpec | None, shape, dtype) -> Store:
+def empty_store(spec: QuantSpec | None, shape, dtype) -> Store:
   """All-zero storage (codes, scales and zeros 0), built without quantizing.
 
   Quantizing a zeros constant inside `jit` would make XLA constant-fold the
@@ -169,7 +173,7 @@ def _slice_store(store: Store, start: jax.Array, size: int,
 
   if spec is None:
     return take(store, start, size)
-  g = _group(spec)
+  g = token_group(spec)
   scale_start, scale_size = (start // g, size // g) if g > 1 else (start, size)
   return QuantizedArray(
       data=take(store.data, start, size),
@@ -179,9 +183,110 @@ def _slice_store(store: Store, start: jax.Array, size: int,
       spec=store.spec, last_dim=store.last_dim, dtype=store.dtype)
 
 
-def _read(store: Store, spec: QuantSpec | None) -> jax.Array:
+def read_store(store: Store, spec: QuantSpec | None) -> jax.Array:
   return (store if spec is None else dequantize(store, jnp.float32)).astype(
       jnp.float32)
+
+
+def incoming_tokens(spec: LayerSpec, k_BxTxKxH: jax.Array,
+                    v_BxTxKxH: jax.Array, positions_BxT: jax.Array,
+                    rope: Rope) -> tuple[jax.Array, jax.Array]:
+  """The T new keys and values in the stored convention, [B, K, T, H] f32.
+
+  Keys are rotated by RoPE unless key_rope == 'pre'; keys / values are
+  Hadamard-rotated where the spec asks.
+  """
+  k_new = k_BxTxKxH if spec.key_rope == "pre" else rope(k_BxTxKxH,
+                                                        positions_BxT)
+  k_new_BxKxTxH = jnp.swapaxes(k_new, 1, 2).astype(jnp.float32)
+  v_new_BxKxTxH = jnp.swapaxes(v_BxTxKxH, 1, 2).astype(jnp.float32)
+  if spec.hadamard_k:
+    k_new_BxKxTxH = hadamard.rotate(k_new_BxKxTxH)
+  if spec.hadamard_v:
+    v_new_BxKxTxH = hadamard.rotate(v_new_BxKxTxH)
+  return k_new_BxKxTxH, v_new_BxKxTxH
+
+
+def scaled_queries(spec: LayerSpec, q_BxTxNxH: jax.Array,
+                   num_kv_heads: int) -> jax.Array:
+  """q [B, K, G, T, H] float32, scaled by 1/sqrt(H), rotated like the keys
+  it is dotted with (Hadamard, for post-RoPE rotated keys)."""
+  b, t, n, h = q_BxTxNxH.shape
+  q = q_BxTxNxH.astype(jnp.float32) * (h ** -0.5)
+  if spec.hadamard_k and spec.key_rope == "post":
+    q = hadamard.rotate(q)
+  return jnp.moveaxis(q.reshape(b, t, num_kv_heads, n // num_kv_heads, h), 1,
+                      3)
+
+
+def attention_output(spec: LayerSpec, state, q_BxTxNxH: jax.Array
+                     ) -> jax.Array:
+  """out_BxTxNxH in q's dtype from a merged softmax state (m, l, acc)."""
+  b, t, n, h = q_BxTxNxH.shape
+  _, l, acc = state
+  out_BxKxGxTxH = acc / l[..., None]
+  if spec.hadamard_v:
+    out_BxKxGxTxH = hadamard.rotate(out_BxKxGxTxH)
+  out = jnp.moveaxis(out_BxKxGxTxH, 3, 1).reshape(b, t, n, h)
+  return out.astype(q_BxTxNxH.dtype)
+
+
+def keys_for_scores(spec: LayerSpec, k_BxKxLxH: jax.Array,
+                    tokens_BxL: jax.Array, rope: Rope) -> jax.Array:
+  """Stored-convention keys -> keys to dot with the (rotated) query.
+
+  Pre-RoPE keys are rotated by their token index (== position, see
+  `check_positions`), after undoing their Hadamard rotation.
+  """
+  if spec.key_rope == "pre":
+    if spec.hadamard_k:
+      k_BxKxLxH = hadamard.rotate(k_BxKxLxH)
+    k_BxLxKxH = rope(jnp.swapaxes(k_BxKxLxH, 1, 2), tokens_BxL)
+    return jnp.swapaxes(k_BxLxKxH, 1, 2).astype(jnp.float32)
+  return k_BxKxLxH
+
+
+def fresh_tokens(win_KxWxH: jax.Array, n0: jax.Array, new_KxTxH: jax.Array,
+                 spec: LayerSpec, qspec: QuantSpec | None, flush: int,
+                 dtype) -> tuple[jax.Array, Store, jax.Array, jax.Array,
+                                 jax.Array]:
+  """Step 1 of the module docstring, and step 2's quantization, for one
+  sequence and one tensor (vmap over the batch).
+
+  Args:
+    win_KxWxH: the tensor's full-precision window (tokens [Q(n0), n0)).
+    n0: tokens written before this call.
+    new_KxTxH: the T new tokens, stored convention, in `dtype`.
+    spec, qspec, flush: the layer spec, the tensor's QuantSpec and its F.
+    dtype: the compute dtype quantization starts from.
+
+  Returns:
+    (E [K, L, H] float32 holding tokens [Q(n0), Q(n0) + L), zero past n1;
+     rows: E quantized (or cast to `dtype` for an unquantized tensor), the
+     rows storage receives; Q(n0); Q(n1); the new window [K, W, H] holding
+     tokens [Q(n1), n1), in spec.window_dtype).
+  """
+  w = win_KxWxH.shape[1]
+  t = new_KxTxH.shape[1]
+  n1 = n0 + t
+  g_all = math.lcm(token_group(spec.k), token_group(spec.v))
+  qs = committed_end(n0, spec, flush)
+  q1 = committed_end(n1, spec, flush)
+  size_e = round_up(w + t, g_all)
+  tok_L = qs + jnp.arange(size_e)
+  from_new = jnp.clip(tok_L - n0, 0, t - 1)
+  new = new_KxTxH
+  if w:  # Tokens that may wait in the window are rounded as stored.
+    new = new.astype(spec.window_dtype)
+  new = new.astype(jnp.float32)
+  win_pad = jnp.pad(win_KxWxH.astype(jnp.float32),
+                    ((0, 0), (0, size_e - w), (0, 0)))
+  e = jnp.where((tok_L < n0)[None, :, None], win_pad, new[:, from_new])
+  e = jnp.where((tok_L < n1)[None, :, None], e, 0)
+  rows = e.astype(dtype) if qspec is None else quantize(e.astype(dtype), qspec)
+  e_pad = jnp.pad(e, ((0, 0), (0, w), (0, 0)))
+  new_win = jax.lax.dynamic_slice_in_dim(e_pad, q1 - qs, w, axis=1)
+  return e, rows, qs, q1, new_win.astype(spec.window_dtype)
 
 
 @struct.dataclass
@@ -214,12 +319,12 @@ class QuantizedLayerCache:
           "integer.")
     if spec.hadamard_k or spec.hadamard_v:
       hadamard.hadamard_matrix_np(head_dim)  # validates power of two.
-    allocated = _round_up(capacity, spec.block_size)
+    allocated = round_up(capacity, spec.block_size)
     b, k, h = batch_size, num_kv_heads, head_dim
     full = lambda n: jnp.zeros((b, k, n, h), spec.window_dtype)
     return cls(
-        k_store=_empty_store(spec.k, (b, k, allocated, h), dtype),
-        v_store=_empty_store(spec.v, (b, k, allocated, h), dtype),
+        k_store=empty_store(spec.k, (b, k, allocated, h), dtype),
+        v_store=empty_store(spec.v, (b, k, allocated, h), dtype),
         window_k=full(spec.window_of("k")), window_v=full(spec.window_of("v")),
         sink_k=full(spec.sink), sink_v=full(spec.sink),
         length_B=jnp.zeros((b,), jnp.int32), capacity=capacity, spec=spec)
@@ -257,34 +362,18 @@ class QuantizedLayerCache:
     t = k_new_BxKxTxH.shape[2]
     s = spec.sink
     wdtype = jnp.dtype(spec.window_dtype)
-    g_all = math.lcm(_group(spec.k), _group(spec.v))
 
     def one_tensor(store, win, sink, n0, new, qspec, flush):
       """One sequence, one tensor; store/win/sink/new are [K, *, H]."""
-      w = win.shape[1]
-      n1 = n0 + t
-      qs = committed_end(n0, spec, flush)
-      q1 = committed_end(n1, spec, flush)
-      size_e = _round_up(w + t, g_all)
-      tok_L = qs + jnp.arange(size_e)
-      from_new = jnp.clip(tok_L - n0, 0, t - 1)
-      if w:  # Tokens that may wait in the window are rounded as stored.
-        new = new.astype(wdtype)
-      new = new.astype(jnp.float32)
-      win_pad = jnp.pad(win.astype(jnp.float32),
-                        ((0, 0), (0, size_e - w), (0, 0)))
-      e = jnp.where((tok_L < n0)[None, :, None], win_pad, new[:, from_new])
-      e = jnp.where((tok_L < n1)[None, :, None], e, 0)
-      rows = (e.astype(self.dtype) if qspec is None
-              else quantize(e.astype(self.dtype), qspec))
+      e, rows, qs, q1, new_win = fresh_tokens(win, n0, new, spec, qspec,
+                                              flush, self.dtype)
+      tok_L = qs + jnp.arange(e.shape[1])
       store = _scatter_tokens(store, rows, tok_L, qspec, tok_L < q1)
-      e_pad = jnp.pad(e, ((0, 0), (0, w), (0, 0)))
-      new_win = jax.lax.dynamic_slice_in_dim(e_pad, q1 - qs, w, axis=1)
       j_S = jnp.arange(s)
       fresh = new[:, jnp.clip(j_S - n0, 0, t - 1)]
-      take = ((j_S >= n0) & (j_S < n1))[None, :, None]
+      take = ((j_S >= n0) & (j_S < n0 + t))[None, :, None]
       new_sink = jnp.where(take, fresh.astype(wdtype), sink)
-      return store, new_win.astype(wdtype), new_sink, e, qs
+      return store, new_win, new_sink, e, qs
 
     out = {}
     for name, store, win, sink, new in (
@@ -303,41 +392,36 @@ class QuantizedLayerCache:
 
   def _keys_for_scores(self, k_BxKxLxH, tokens_BxL, rope: Rope):
     """Stored-convention keys -> keys to dot with the (rotated) query."""
-    if self.spec.key_rope == "pre":
-      if self.spec.hadamard_k:
-        k_BxKxLxH = hadamard.rotate(k_BxKxLxH)
-      k_BxLxKxH = rope(jnp.swapaxes(k_BxKxLxH, 1, 2), tokens_BxL)
-      return jnp.swapaxes(k_BxLxKxH, 1, 2).astype(jnp.float32)
-    return k_BxKxLxH
+    return keys_for_scores(self.spec, k_BxKxLxH, tokens_BxL, rope)
+
+  def _visible(self, key_tok_BxL: jax.Array,
+               query_tok_BxT: jax.Array) -> jax.Array:
+    """[B, T, L]: query token i may see key token j (causal: j <= i).
+
+    Every segment's mask goes through here, so a variant with another
+    visibility rule (the banded reference of the sliding-window tests)
+    overrides this alone.
+    """
+    return key_tok_BxL[:, None, :] <= query_tok_BxT[:, :, None]
 
   def attend(self, q_BxTxNxH: jax.Array, k_BxTxKxH: jax.Array,
              v_BxTxKxH: jax.Array, positions_BxT: jax.Array,
              rope: Rope) -> tuple[jax.Array, QuantizedLayerCache]:
     spec = self.spec
     check_positions(spec, positions_BxT, self.length_B)
-    b, t, n, h = q_BxTxNxH.shape
-    kh = k_BxTxKxH.shape[2]
-    k_new = k_BxTxKxH if spec.key_rope == "pre" else rope(k_BxTxKxH,
-                                                          positions_BxT)
-    k_new = jnp.swapaxes(k_new, 1, 2).astype(jnp.float32)
-    v_new = jnp.swapaxes(v_BxTxKxH, 1, 2).astype(jnp.float32)
-    if spec.hadamard_k:
-      k_new = hadamard.rotate(k_new)
-    if spec.hadamard_v:
-      v_new = hadamard.rotate(v_new)
+    b, t, _, _ = q_BxTxNxH.shape
+    k_new, v_new = incoming_tokens(spec, k_BxTxKxH, v_BxTxKxH, positions_BxT,
+                                   rope)
     n0_B = self.length_B
     new_cache, fresh = self._update(k_new.astype(self.dtype),
                                     v_new.astype(self.dtype))
 
-    q = q_BxTxNxH.astype(jnp.float32) * (h ** -0.5)
-    if spec.hadamard_k and spec.key_rope == "post":
-      q = hadamard.rotate(q)
-    q_BxKxGxTxH = jnp.moveaxis(q.reshape(b, t, kh, n // kh, h), 1, 3)
+    q_BxKxGxTxH = scaled_queries(spec, q_BxTxNxH, k_BxTxKxH.shape[2])
     query_tok_BxT = n0_B[:, None] + jnp.arange(t)[None, :]
     lo, hi = ("k", "v") if spec.flush_k >= spec.flush_v else ("v", "k")
     lo_end_BxT = committed_end(query_tok_BxT + 1, spec, spec.flush(lo))
     hi_end_BxT = committed_end(query_tok_BxT + 1, spec, spec.flush(hi))
-    causal = lambda tok_BxL: tok_BxL[:, None, :] <= query_tok_BxT[:, :, None]
+    causal = lambda tok_BxL: self._visible(tok_BxL, query_tok_BxT)
 
     # E range of the tensor that commits last: [Q_lo(n0), ...).
     e_lo, qs_lo_B = fresh[lo]
@@ -350,19 +434,20 @@ class QuantizedLayerCache:
     fp_keys = self._keys_for_scores(fp["k"], tok_BxL, rope)
     window_mask = causal(tok_BxL) & (tok_BxL[:, None, :]
                                      >= hi_end_BxT[:, :, None])
-    state = _block_attention(q_BxKxGxTxH, fp_keys, fp["v"], window_mask)
+    state = block_attention(q_BxKxGxTxH, fp_keys, fp["v"], window_mask)
     s = spec.sink
     if s:  # Sinks: both full precision.
       sink_tok_BxS = jnp.broadcast_to(jnp.arange(s), (b, s))
-      state = _merge(state, _block_attention(
+      state = merge_states(state, block_attention(
           q_BxKxGxTxH,
           self._keys_for_scores(new_cache.sink_k.astype(jnp.float32),
                                 sink_tok_BxS, rope),
           new_cache.sink_v.astype(jnp.float32), causal(sink_tok_BxS)))
     if spec.flush_k != spec.flush_v:  # The mixed segment.
       hi_store = new_cache.k_store if hi == "k" else new_cache.v_store
-      dq_hi = _read(_slice_store(hi_store, qs_lo_B, size_e, getattr(spec, hi),
-                                 fill=True), getattr(spec, hi))
+      dq_hi = read_store(_slice_store(hi_store, qs_lo_B, size_e,
+                                      getattr(spec, hi), fill=True),
+                         getattr(spec, hi))
       # Full-precision keys (lo = k) are the window's, already rotated.
       mixed_keys = (fp_keys if lo == "k" else
                     self._keys_for_scores(dq_hi, tok_BxL, rope))
@@ -370,8 +455,8 @@ class QuantizedLayerCache:
       mixed_mask = (causal(tok_BxL)
                     & (tok_BxL[:, None, :] >= lo_end_BxT[:, :, None])
                     & (tok_BxL[:, None, :] < hi_end_BxT[:, :, None]))
-      state = _merge(state, _block_attention(q_BxKxGxTxH, mixed_keys,
-                                             mixed_values, mixed_mask))
+      state = merge_states(state, block_attention(
+          q_BxKxGxTxH, mixed_keys, mixed_values, mixed_mask))
 
     # Quantized storage [S, Q_lo(i + 1)), block by block up to the longest.
     blk = spec.block_size
@@ -379,27 +464,25 @@ class QuantizedLayerCache:
 
     def body(index, carry):
       start = index * blk
-      kb = _read(_slice_store(new_cache.k_store, start, blk, spec.k), spec.k)
-      vb = _read(_slice_store(new_cache.v_store, start, blk, spec.v), spec.v)
+      kb = read_store(_slice_store(new_cache.k_store, start, blk, spec.k),
+                      spec.k)
+      vb = read_store(_slice_store(new_cache.v_store, start, blk, spec.v),
+                      spec.v)
       blk_tok_BxL = jnp.broadcast_to(start + jnp.arange(blk), (b, blk))
       kb = self._keys_for_scores(kb, blk_tok_BxL, rope)
       mask = ((blk_tok_BxL[:, None, :] >= s)
-              & (blk_tok_BxL[:, None, :] < lo_end_BxT[:, :, None]))
-      return _merge(carry, _block_attention(q_BxKxGxTxH, kb, vb, mask))
+              & (blk_tok_BxL[:, None, :] < lo_end_BxT[:, :, None])
+              & causal(blk_tok_BxL))  # Implied by Q_lo(i + 1) <= i + 1.
+      return merge_states(carry, block_attention(q_BxKxGxTxH, kb, vb, mask))
 
     if t == 1 and self._decode_impl(q_BxTxNxH, lo_end_BxT[:, 0]) == "pallas":
-      state = _merge(state, self._storage_state_pallas(
+      state = merge_states(state, self._storage_state_pallas(
           new_cache, q_BxTxNxH, lo_end_BxT[:, 0]))
     else:
       filled_blocks = jnp.minimum(
           (jnp.max(lo_end_BxT) + blk - 1) // blk, num_blocks)
       state = jax.lax.fori_loop(0, filled_blocks, body, state)
-    m, l, acc = state
-    out_BxKxGxTxH = acc / l[..., None]
-    if spec.hadamard_v:
-      out_BxKxGxTxH = hadamard.rotate(out_BxKxGxTxH)
-    out = jnp.moveaxis(out_BxKxGxTxH, 3, 1).reshape(b, t, n, h)
-    return out.astype(q_BxTxNxH.dtype), new_cache
+    return attention_output(spec, state, q_BxTxNxH), new_cache
 
   # -- decode kernel -------------------------------------------------------
 
@@ -453,26 +536,3 @@ class QuantizedLayerCache:
     m = lse_BxKxG[..., None]
     return m, jnp.ones_like(m), out_BxKxGxH[..., None, :]
 
-
-def _block_attention(q_BxKxGxTxH, k_BxKxLxH, v_BxKxLxH, mask_BxTxL):
-  """Partial softmax state (max, sum, weighted values) of one key block."""
-  scores = jnp.einsum("bkgth,bklh->bkgtl", q_BxKxGxTxH, k_BxKxLxH,
-                      preferred_element_type=jnp.float32)
-  mask = mask_BxTxL[:, None, None]
-  scores = jnp.where(mask, scores, MASK_VALUE)
-  m = jnp.max(scores, axis=-1)
-  p = jnp.where(mask, jnp.exp(scores - m[..., None]), 0.0)
-  v_BxKxLxH, sees_bad_BxKxT = split_nonfinite(v_BxKxLxH, 2, 1, mask_BxTxL)
-  acc = jnp.einsum("bkgtl,bklh->bkgth", p, v_BxKxLxH,
-                   preferred_element_type=jnp.float32)
-  acc = jnp.where(sees_bad_BxKxT[:, :, None, :, None], jnp.nan, acc)
-  return m, jnp.sum(p, axis=-1), acc
-
-
-def _merge(a, b):
-  """Log-sum-exp merge of two partial softmax states."""
-  m_a, l_a, acc_a = a
-  m_b, l_b, acc_b = b
-  m = jnp.maximum(m_a, m_b)
-  wa, wb = jnp.exp(m_a - m), jnp.exp(m_b - m)
-  return m, l_a * wa + l_b * wb, acc_a * wa[..., None] + acc_b * wb[..., None]

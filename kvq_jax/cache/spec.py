@@ -8,7 +8,9 @@ along head_dim (axis -1) and per_channel specs group along the tokens
 
 Full-precision regions (stored in `window_dtype`, bfloat16 by default, and
 charged in every byte count; see `kvq_jax.experiment.memory`):
-  * `sink`: the first S tokens of every sequence (KVQuant's attention sinks).
+  * `sink`: the first S tokens of every sequence (KVQuant's attention sinks);
+    dropped on sliding-window (local) layers, which never see a token past
+    their window (`cache/sliding_quantized.py`).
   * `residual`: the most recent R tokens (KIVI). Older tokens are flushed into
     quantized storage in blocks of F tokens, F chosen per tensor (K and V
     separately): after n tokens a tensor's quantized region is [S, Q(n)) with

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -124,15 +125,23 @@ def learn_layer_clip(record: LayerRecord, layer: LayerSpec, rope: Rope,
 
 
 def learn_clip_ratios(records: list[LayerRecord], layers: list[LayerSpec],
-                      rope: Rope,
+                      ropes: Rope | Sequence[Rope],
                       options: CalibrationOptions = CalibrationOptions(),
                       progress=None) -> list[LayerClip]:
-  """`learn_layer_clip` for every layer (layers[i] is layer i's spec)."""
+  """`learn_layer_clip` for every layer (layers[i] is layer i's spec).
+
+  `ropes`: one Rope for every layer, or one per layer (Gemma 3's local and
+  global layers rotate with different bases).
+  """
   if len(records) != len(layers):
     raise ValueError(f"learn_clip_ratios: {len(records)} records for "
                      f"{len(layers)} layer specs; allowed: one per layer.")
+  ropes = [ropes] * len(layers) if isinstance(ropes, Rope) else list(ropes)
+  if len(ropes) != len(layers):
+    raise ValueError(f"learn_clip_ratios: {len(ropes)} ropes for "
+                     f"{len(layers)} layers; allowed: one, or one per layer.")
   out = []
-  for i, (record, layer) in enumerate(zip(records, layers)):
+  for i, (record, layer, rope) in enumerate(zip(records, layers, ropes)):
     out.append(learn_layer_clip(record, layer, rope, options))
     if progress is not None:
       progress(i + 1, len(layers))

@@ -29,12 +29,12 @@ from kvq_jax.calibration.store import ClipRatios, save_clip_ratios
 from kvq_jax.calibration.windows import split_windows
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.evaluate import evaluate_many
-from kvq_jax.eval.windows import scored_mask
+from kvq_jax.eval.windows import scored_mask, text_ids
 from kvq_jax.experiment.progress import ProgressBar
 from kvq_jax.experiment.settings import settings_from_config
 from kvq_jax.experiment.short_specs import parse_layer_overrides, short_name
 from kvq_jax.facade import load_model, window_forward
-from kvq_jax.models.rope import Rope
+from kvq_jax.models.decoder import layer_rope
 from kvq_jax.sweep.points import load_preset
 
 RATIOS_DIR = "clip_ratios"
@@ -72,17 +72,24 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str,
   cfg = lm.config
   if lm.tokenizer is None:
     raise ValueError(f"calibrate: model {model_name!r} has no tokenizer.")
+  if cfg.local_layers and settings.eval.window_len > cfg.sliding_window:
+    raise ValueError(
+        f"calibrate: eval.window_len={settings.eval.window_len} exceeds the "
+        f"model's sliding window ({cfg.sliding_window}); the calibration "
+        "objective attends causally over whole windows, which is the local "
+        "layers' attention only up to the window; allowed: window_len <= "
+        f"{cfg.sliding_window}.")
   text, data_description = load_eval_text(eval_data)
-  ids = lm.tokenizer.encode(text)
+  ids, bos_id = text_ids(lm.tokenizer, text)
   split = split_windows(ids, settings.eval.window_len,
-                        settings.eval.num_windows, num_calib_windows)
+                        settings.eval.num_windows, num_calib_windows, bos_id)
   logging.info("calibrate: eval tokens %s, calibration tokens %s",
                split.eval_range, split.calib_range)
   layers = [spec.layer(i) for i in range(cfg.num_layers)]
   started = time.perf_counter()
   records = record_qkv(lm, split.calib_WxT, settings.eval.batch_size)
-  rope = Rope(theta=float(cfg.rope_theta), rotary_dim=cfg.rotary_dim)
-  clips = learn_clip_ratios(records, layers, rope, options,
+  ropes = [layer_rope(cfg, i) for i in range(cfg.num_layers)]
+  clips = learn_clip_ratios(records, layers, ropes, options,
                             progress=ProgressBar("calibrate"))
   seconds = time.perf_counter() - started
   config_overrides = dict((i, (k, v)) for i, k, v in

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from kvq_jax.eval.windows import make_windows
+from kvq_jax.eval.windows import make_windows, text_per_window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,11 +25,14 @@ def assert_disjoint(a: tuple[int, int], b: tuple[int, int]) -> None:
 
 
 def split_windows(ids, window_len: int, num_eval: int,
-                  num_calib: int) -> WindowSplit:
+                  num_calib: int, bos_id: int | None = None) -> WindowSplit:
   """Eval windows = the first `num_eval` windows (`make_windows`, 0 = every
   whole window before the calibration tokens); calibration windows = the
-  last `num_calib * window_len` tokens. Raises ValueError if they overlap."""
+  last `num_calib` windows' text tokens. With `bos_id` every window is BOS +
+  window_len - 1 text tokens (ranges count text tokens). Raises ValueError
+  if they overlap."""
   ids = np.asarray(ids, np.int32)
+  full_len, window_len = window_len, text_per_window(window_len, bos_id)
   if isinstance(num_calib, bool) or not isinstance(num_calib, int) or (
       num_calib < 1):
     raise ValueError(f"num_calib_windows={num_calib!r}: allowed: >= 1.")
@@ -47,11 +50,11 @@ def split_windows(ids, window_len: int, num_eval: int,
         f"calibration windows at [{calib_start}, {len(ids)}); allowed: "
         f"num_windows <= {calib_start // window_len}, or fewer calibration "
         "windows, or a longer text.")
-  eval_wxt = make_windows(ids[:calib_start], window_len, num_eval)
+  eval_wxt = make_windows(ids[:calib_start], full_len, num_eval, bos_id)
   eval_range = (0, num_eval * window_len)
   calib_range = (calib_start, len(ids))
   assert_disjoint(eval_range, calib_range)
   return WindowSplit(
       eval_WxT=eval_wxt,
-      calib_WxT=ids[calib_start:].reshape(num_calib, window_len),
+      calib_WxT=make_windows(ids[calib_start:], full_len, num_calib, bos_id),
       eval_range=eval_range, calib_range=calib_range)

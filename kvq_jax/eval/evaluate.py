@@ -66,6 +66,15 @@ _compare = jax.jit(compare_logits)
 _nll = jax.jit(next_token_nll)
 
 
+def _checked(logits_BxTxV: jax.Array, positions: int) -> jax.Array:
+  if logits_BxTxV.shape[1] != positions:
+    raise ValueError(
+        f"evaluate_many: a forward returned logits for "
+        f"{logits_BxTxV.shape[1]} positions, expected {positions} (the "
+        "window length, or `tail`).")
+  return logits_BxTxV
+
+
 def evaluate_windows(windows_WxT: np.ndarray, mask_T: np.ndarray,
                      baseline: Forward, quant: Forward | None = None, *,
                      batch_size: int = 1,
@@ -81,29 +90,49 @@ def evaluate_windows(windows_WxT: np.ndarray, mask_T: np.ndarray,
 def evaluate_many(windows_WxT: np.ndarray, mask_T: np.ndarray,
                   baseline: Forward, quants: dict[str, Forward], *,
                   batch_size: int = 1,
-                  progress: Callable[[int, int], None] | None = None
+                  progress: Callable[[int, int], None] | None = None,
+                  tail: int | None = None
                   ) -> dict[str | None, EvalResult]:
   """One baseline pass per batch shared by every quantized forward.
 
   Returns {name: EvalResult} per entry of `quants` (with window-clustered
   `paired` statistics), and {None: baseline-only EvalResult} when `quants`
   is empty.
+
+  `tail` K (None: every position): the forwards return the logits of each
+  window's last K positions only, [B, K, V] (`facade.chunked_window_forward`
+  with keep=K, `windows.logits_needed`), so only predictions j >= T - K can
+  be scored; a `mask_T` selecting an earlier one is a ValueError.
   """
   num_windows, window_len = windows_WxT.shape
   if batch_size < 1:
     raise ValueError(f"eval.batch_size={batch_size}: must be >= 1.")
+  first = 0
+  if tail is not None:
+    if not 2 <= tail <= window_len:
+      raise ValueError(f"evaluate_many: tail={tail}; allowed: 2..{window_len} "
+                       "(the window length), or None for every position.")
+    first = window_len - tail
+    if np.asarray(mask_T)[:first].any():
+      raise ValueError(
+          f"evaluate_many: tail={tail} logits cover predictions "
+          f"{first}..{window_len - 2}, but the mask scores earlier ones; "
+          f"allowed: tail >= windows.logits_needed(mask) = "
+          f"{window_len + 1 - int(np.argmax(mask_T))}.")
+  mask_tail = np.asarray(mask_T)[first:]
   collected: dict[str | None, dict[str, list[np.ndarray]]] = {}
   for start in range(0, num_windows, batch_size):
     batch = windows_WxT[start:start + batch_size]
-    tokens = jnp.asarray(batch)
-    base_logits = baseline(batch)
+    tokens = jnp.asarray(batch[:, first:])
+    base_logits = _checked(baseline(batch), window_len - first)
     per_run = {None: {"nll_base": _nll(base_logits, tokens)}} if not quants \
-        else {name: _compare(base_logits, fn(batch), tokens)
+        else {name: _compare(base_logits,
+                             _checked(fn(batch), window_len - first), tokens)
               for name, fn in quants.items()}
     for name, per_token in per_run.items():
       for key, value in per_token.items():
         collected.setdefault(name, {}).setdefault(key, []).append(
-            np.asarray(value)[:, mask_T])
+            np.asarray(value)[:, mask_tail])
     if progress is not None:
       progress(min(start + batch_size, num_windows), num_windows)
   results = {}

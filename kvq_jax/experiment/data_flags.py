@@ -1,7 +1,9 @@
-"""The `--eval_data` and `--model` flags every experiment script shares."""
+"""The `--eval_data` and `--model` flags every experiment script shares, and
+the parsing of comma-separated integer lists."""
 
 from __future__ import annotations
 
+from absl import app
 from absl import flags
 
 
@@ -17,3 +19,12 @@ def DEFINE_data_flags() -> tuple[flags.FlagHolder, flags.FlagHolder]:  # pylint:
   model = flags.DEFINE_string("model", None,
                               "model name or path; default: config.model")
   return eval_data, model
+
+
+def int_list(holder: flags.FlagHolder) -> tuple[int, ...]:
+  """A DEFINE_list flag's values as ints; app.UsageError naming the flag."""
+  try:
+    return tuple(int(v) for v in holder.value)
+  except ValueError as e:
+    raise app.UsageError(
+        f"--{holder.name}={','.join(holder.value)}: integers only.") from e

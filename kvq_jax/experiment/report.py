@@ -56,8 +56,10 @@ ROWS: tuple[tuple[str, str | None, str | None, Format], ...] = (
      "kv_bits_per_element_at_4096", "{:.3f}"),
     ("effective bits / element at 32,768 tokens", None,
      "kv_bits_per_element_at_32768", "{:.3f}"),
-    ("KV bytes / token (all layers)", "kv_bytes_per_token_baseline",
-     "kv_bytes_per_token", "{:.1f}"),
+    ("KV bytes / token (global layers; local rings are fixed bytes)",
+     "kv_bytes_per_token_baseline", "kv_bytes_per_token", "{:.1f}"),
+    ("KV bytes of the sliding-window layers' rings (fixed)", None,
+     "kv_local_bytes_per_sequence", "{:,.0f}"),
     ("KV bytes / sequence at window_len", "kv_bytes_per_sequence_baseline",
      "kv_bytes_per_sequence", "{:,.0f}"),
     ("compression vs bf16", None, "compression_vs_bf16", "{:.2f}x"),
@@ -68,6 +70,9 @@ ROWS: tuple[tuple[str, str | None, str | None, Format], ...] = (
     ("decode speed-up, measured", None, "decode_speedup_measured", "{:.2f}x"),
     ("decode tokens/s (measured)", "decode_tokens_per_s_baseline",
      "decode_tokens_per_s_quant", "{:.1f}"),
+    ("evaluation s / window (both passes, compile incl.)", None,
+     "eval_seconds_per_window", "{:.2f}"),
+    ("peak RSS after evaluation, GiB", None, "peak_rss_gib_eval", "{:.2f}"),
 )
 
 # Free-text metrics printed under the table, in this order, when present.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import time
 
 import jax.numpy as jnp
 import ml_collections
@@ -11,13 +12,13 @@ from absl import logging
 
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.evaluate import evaluate_windows
-from kvq_jax.eval.windows import make_windows, scored_mask
+from kvq_jax.eval.windows import make_windows, scored_mask, text_ids
 from kvq_jax.experiment import memory, report
 from kvq_jax.experiment.decode_speed import decode_tokens_per_s, equal_slots
 from kvq_jax.experiment.speed_note import speed_note
 from kvq_jax.experiment.progress import ProgressBar
 from kvq_jax.experiment.settings import settings_from_config
-from kvq_jax.experiment.timing import machine_description
+from kvq_jax.experiment.timing import machine_description, peak_rss_gib
 from kvq_jax.facade import load_model, window_forward
 from kvq_jax.sharding import (make_mesh, shard_params,
                               sharded_window_forward)
@@ -55,9 +56,9 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   if not settings.quantize:  # No quantized cache: no quantized-side numbers.
     memory_metrics = {k: memory_metrics[k] for k in memory.BASELINE_KEYS}
   text, data_description = load_eval_text(eval_data)
-  ids = lm.tokenizer.encode(text)
+  ids, bos_id = text_ids(lm.tokenizer, text)
   windows = make_windows(ids, settings.eval.window_len,
-                         settings.eval.num_windows)
+                         settings.eval.num_windows, bos_id)
   mask = scored_mask(settings.eval.window_len, settings.eval.scoring)
   logging.info("%d tokens; evaluating %d windows of %d", len(ids),
                windows.shape[0], windows.shape[1])
@@ -66,14 +67,21 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   baseline_fn = forward(lm)
   quant_fn = (forward(lm, settings.cache_spec, settings.cache_dtype)
               if settings.quantize else None)
+  started = time.perf_counter()
   result = evaluate_windows(windows, mask, baseline_fn, quant_fn,
                             batch_size=settings.eval.batch_size,
                             progress=ProgressBar("eval"))
+  eval_seconds = time.perf_counter() - started
   metrics = {"preset": name, "model": model_name,
              "eval_data": data_description, "scoring": settings.eval.scoring}
   if device_mesh is not None:
     metrics["mesh"] = "x".join(str(n) for n in device_mesh.devices.shape)
   metrics.update(result.metrics())
+  # Wall time of the whole evaluation (baseline and quantized passes,
+  # compilation included) per window, and the process's peak RSS so far
+  # (model load + evaluation; the decode benchmark runs after it).
+  metrics["eval_seconds_per_window"] = eval_seconds / windows.shape[0]
+  metrics["peak_rss_gib_eval"] = peak_rss_gib()
   metrics.update(memory_metrics)
   machine = machine_description()
   db = settings.decode_bench

@@ -7,6 +7,7 @@ import dataclasses
 import ml_collections
 
 from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.eval.windows import SCORINGS, check_scoring
 from kvq_jax.experiment.short_specs import parse_layer_overrides
 from kvq_jax.facade import parse_dtype
 from kvq_jax.quant import QuantSpec
@@ -21,11 +22,13 @@ class EvalSettings:
   window_len: int
   scoring: str
   batch_size: int
+  # Tokens per prefill call of a chunked evaluation (context_curve).
+  prefill_chunk: int
 
 
 @dataclasses.dataclass(frozen=True)
 class MemorySettings:
-  budget_gib: float
+  budget_gib: float | None  # None: the weights plus 1 GiB (memory_report).
   weight_bytes_per_param: float
 
 
@@ -88,14 +91,18 @@ def settings_from_config(config: ml_collections.ConfigDict
     raise ValueError(
         f"config.eval.num_windows={ev.num_windows}: allowed: >= 1, or 0 for "
         "every whole window of the text.")
-  if ev.scoring not in ("all", "second_half"):
+  try:
+    check_scoring(ev.scoring)
+  except ValueError:
     raise ValueError(
-        f"config.eval.scoring={ev.scoring!r}: allowed: all, second_half.")
+        f"config.eval.scoring={ev.scoring!r}: allowed: "
+        f"{', '.join(SCORINGS)}, last_N (N >= 1, e.g. last_256).") from None
   eval_settings = EvalSettings(
       num_windows=ev.num_windows,
       window_len=_positive(ev.window_len, "eval.window_len", minimum=2),
       scoring=ev.scoring,
-      batch_size=_positive(ev.batch_size, "eval.batch_size"))
+      batch_size=_positive(ev.batch_size, "eval.batch_size"),
+      prefill_chunk=_positive(ev.prefill_chunk, "eval.prefill_chunk"))
   parse_dtype(config.dtype, "config.dtype")
   cache = config.cache
   cache_dtype = cache.dtype or config.dtype
@@ -119,10 +126,10 @@ def settings_from_config(config: ml_collections.ConfigDict
     raise ValueError(
         f"config.attention.impl={config.attention.impl!r}: allowed: "
         f"{', '.join(IMPLEMENTATIONS)}.")
-  if config.memory.budget_gib <= 0:
+  if config.memory.budget_gib < 0:
     raise ValueError(
         f"config.memory.budget_gib={config.memory.budget_gib}: allowed: a "
-        "number of GiB > 0.")
+        "number of GiB > 0, or 0 for the weights plus 1 GiB.")
   weight_bytes = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0,
                   "int8": 1.0, "int4": 0.5}
   if config.memory.weight_dtype not in weight_bytes:
@@ -135,7 +142,7 @@ def settings_from_config(config: ml_collections.ConfigDict
       quantize=bool(config.quantize), cache_spec=spec, cache_dtype=cache_dtype,
       attention_impl=config.attention.impl,
       memory=MemorySettings(
-          budget_gib=float(config.memory.budget_gib),
+          budget_gib=float(config.memory.budget_gib) or None,
           weight_bytes_per_param=weight_bytes[config.memory.weight_dtype]),
       decode_bench=DecodeBenchSettings(
           batch_size=_positive(db.batch_size, "decode_bench.batch_size"),

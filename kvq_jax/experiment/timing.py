@@ -41,3 +41,9 @@ def machine_description() -> str:
   return (f"processor: {processor}; system: {uname.system} {uname.release} "
           f"({uname.machine}); cpus: {os.cpu_count()}; jax {jax.__version__} "
           f"devices: [{devices}]")
+
+
+def peak_rss_gib() -> float:
+  """Peak resident set size of this process so far, GiB (Linux ru_maxrss)."""
+  import resource  # pylint: disable=g-import-not-at-top (POSIX only)
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

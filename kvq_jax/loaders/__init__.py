@@ -7,6 +7,7 @@ params layout is documented in `param_layout.py`. For names such as
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 from typing import Any
@@ -21,7 +22,7 @@ from kvq_jax.loaders.tokenizer import load_gguf_tokenizer
 from kvq_jax.loaders.tokenizer import load_hf_tokenizer
 from kvq_jax.models.config import ModelConfig
 
-__all__ = ["load_checkpoint", "load_gguf", "load_hf", "load_gguf_tokenizer",
+__all__ = ["load_checkpoint", "load_config", "load_gguf", "load_hf", "load_gguf_tokenizer",
            "load_hf_tokenizer", "TextTokenizer"]
 
 
@@ -42,6 +43,21 @@ def load_checkpoint(
     tokenizer = (load_hf_tokenizer(path)
                  if (path / "tokenizer.json").is_file() else None)
     return config, params, tokenizer
+  raise ValueError(
+      f"checkpoint path={str(path)!r}: expected an existing .gguf file or a "
+      "directory containing config.json (Hugging Face format).")
+
+
+def load_config(path: str | os.PathLike[str]) -> ModelConfig:
+  """The ModelConfig of a .gguf file or Hugging Face dir, reading no weights."""
+  path = pathlib.Path(path)
+  if path.is_file() and path.suffix.lower() == ".gguf":
+    return gguf_loader.config_from_reader(gguf_loader.open_gguf(path),
+                                          str(path))
+  if path.is_dir() and (path / "config.json").is_file():
+    return hf_loader.config_from_hf(
+        json.loads((path / "config.json").read_text()),
+        repr(str(path / "config.json")))
   raise ValueError(
       f"checkpoint path={str(path)!r}: expected an existing .gguf file or a "
       "directory containing config.json (Hugging Face format).")

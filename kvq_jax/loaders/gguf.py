@@ -1,4 +1,4 @@
-"""Loads a llama.cpp GGUF checkpoint (llama / qwen2) into the kvq_jax layout.
+"""Loads a llama.cpp GGUF checkpoint (llama / qwen2 / gemma3) into kvq_jax.
 
 Every tensor type `gguf.quants.dequantize` knows (F32, F16, BF16, Q4_0, Q4_1,
 Q5_*, Q8_0, the K-quants, IQ*) is dequantized to float32 on the CPU. GGUF lists
@@ -7,6 +7,17 @@ transposed to the Flax [in, out] kernel. llama-architecture attn_q / attn_k
 rows (and biases) are un-permuted back to the Hugging Face rotate_half order
 (see `rope_permutation.py`); qwen2 files are written unpermuted by
 convert_hf_to_gguf (llama.cpp uses NeoX rope for them) and are taken as is.
+
+gemma3 (text) files follow llama.cpp's rules (`llama_model_loader` hparams for
+LLM_ARCH_GEMMA3 and `Gemma3Model` in convert_hf_to_gguf): Q/K unpermuted
+(NeoX rope, like qwen2); every `*norm.weight` (q/k norms included) already
+holds Gemma's 1 + w and is used as is; sliding-window attention of width
+`gemma3.attention.sliding_window` on every layer but each 6th (layers 5, 11,
+17, ...); RoPE base `rope.freq_base` on global layers and 10000 on local ones
+(`rope.freq_base_swa` where a file has it); queries scaled by
+1/sqrt(key_length), except 1/sqrt(hidden / heads) for the 62-layer (27B)
+model; `final_logit_softcapping` if the file sets it. Transformers' GGUF
+loader agrees (it subtracts the 1 again for its own (1 + w) RMSNorm).
 """
 
 from __future__ import annotations
@@ -22,7 +33,13 @@ from kvq_jax.loaders import rope_permutation
 from kvq_jax.models.config import ModelConfig
 
 # architecture -> (needs Q/K un-permutation, has q/k/v biases).
-SUPPORTED_ARCHITECTURES = {"llama": (True, False), "qwen2": (False, True)}
+SUPPORTED_ARCHITECTURES = {"llama": (True, False), "qwen2": (False, True),
+                           "gemma3": (False, False)}
+# llama.cpp's fixed gemma3 layer pattern: layer i is global iff
+# i % period == period - 1 (`hparams.set_swa_pattern(6)`).
+GEMMA3_SWA_PERIOD = 6
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+GEMMA3_27B_LAYERS = 62
 
 
 class _TensorTableError(Exception):
@@ -106,6 +123,11 @@ def config_from_metadata(reader: gguf.GGUFReader, path: str,
       reader, f"{arch}.attention.head_count_kv", num_heads))
   head_dim = int(metadata_value(
       reader, f"{arch}.attention.key_length", hidden // num_heads))
+  value_dim = metadata_value(reader, f"{arch}.attention.value_length")
+  if value_dim is not None and int(value_dim) != head_dim:
+    raise ValueError(
+        f"GGUF file {path!r}: {arch}.attention.value_length={value_dim} != "
+        f"key_length={head_dim}; allowed: equal head dims.")
   rope_dim = metadata_value(reader, f"{arch}.rope.dimension_count")
   meta_vocab = metadata_value(reader, f"{arch}.vocab_size")
   if meta_vocab is not None and int(meta_vocab) != vocab_size:
@@ -114,12 +136,15 @@ def config_from_metadata(reader: gguf.GGUFReader, path: str,
         f"'token_embd.weight' has {vocab_size} rows.")
   bos = metadata_value(reader, "tokenizer.ggml.bos_token_id")
   eos = metadata_value(reader, "tokenizer.ggml.eos_token_id")
+  num_layers = int(_required(reader, path, f"{arch}.block_count"))
+  gemma = (_gemma3_fields(reader, path, num_layers, hidden, num_heads,
+                          head_dim) if arch == "gemma3" else {})
   return ModelConfig(
       vocab_size=vocab_size,
       hidden_size=hidden,
       intermediate_size=int(_required(
           reader, path, f"{arch}.feed_forward_length")),
-      num_layers=int(_required(reader, path, f"{arch}.block_count")),
+      num_layers=num_layers,
       num_heads=num_heads,
       num_kv_heads=num_kv_heads,
       head_dim=head_dim,
@@ -135,7 +160,36 @@ def config_from_metadata(reader: gguf.GGUFReader, path: str,
       bos_token_id=None if bos is None else int(bos),
       eos_token_id=None if eos is None else int(eos),
       name=arch,
+      **gemma,
   )
+
+
+def _gemma3_fields(reader: gguf.GGUFReader, path: str, num_layers: int,
+                   hidden: int, num_heads: int,
+                   head_dim: int) -> dict[str, Any]:
+  """The gemma3-only ModelConfig fields (see the module docstring)."""
+  if metadata_value(reader, "gemma3.attn_logit_softcapping") not in (None, 0.0):
+    raise ValueError(
+        f"GGUF file {path!r}: gemma3.attn_logit_softcapping="
+        f"{metadata_value(reader, 'gemma3.attn_logit_softcapping')!r} is not "
+        "supported (the KV caches do not soft-cap); allowed: absent or 0.")
+  window = metadata_value(reader, "gemma3.attention.sliding_window")
+  window = int(window) if window else None
+  local = () if window is None else tuple(
+      i for i in range(num_layers)
+      if i % GEMMA3_SWA_PERIOD != GEMMA3_SWA_PERIOD - 1)
+  local_theta = metadata_value(reader, "gemma3.rope.freq_base_swa",
+                               GEMMA3_LOCAL_ROPE_THETA)
+  scalar = (hidden // num_heads if num_layers == GEMMA3_27B_LAYERS
+            else head_dim)
+  softcap = metadata_value(reader, "gemma3.final_logit_softcapping")
+  return {
+      "sliding_window": window,
+      "local_layers": local,
+      "rope_local_theta": float(local_theta),
+      "query_pre_attn_scalar": float(scalar),
+      "final_logit_softcapping": float(softcap) if softcap else None,
+  }
 
 
 class _Tensors:
@@ -182,7 +236,11 @@ GGUF_NAMES = param_layout.SourceNames(
     layer_prefix="blk.{i}",
     layer={"attn_norm": "attn_norm.weight", "q": "attn_q", "k": "attn_k",
            "v": "attn_v", "o": "attn_output", "mlp_norm": "ffn_norm.weight",
-           "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"},
+           "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down",
+           # gemma3 only:
+           "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+           "post_attn_norm": "post_attention_norm.weight",
+           "post_mlp_norm": "post_ffw_norm.weight"},
     embed="token_embd.weight", final_norm="output_norm.weight",
     lm_head="output.weight")
 
@@ -192,17 +250,23 @@ def load_gguf(path: str | os.PathLike[str]) -> tuple[ModelConfig, dict[str, Any]
   return params_from_reader(open_gguf(path), os.fspath(path))
 
 
+def config_from_reader(reader: gguf.GGUFReader, path: str) -> ModelConfig:
+  """The ModelConfig of an opened GGUF (metadata and tensor shapes only: no
+  weight is read, so benchmarks get a model's real shapes cheaply)."""
+  names = {t.name: t for t in reader.tensors}
+  if "token_embd.weight" not in names:
+    raise ValueError(f"GGUF file {path!r}: tensor 'token_embd.weight' is "
+                     "missing.")
+  vocab_size = int(names["token_embd.weight"].shape.tolist()[-1])
+  return config_from_metadata(reader, path, vocab_size,
+                              tied="output.weight" not in names)
+
+
 def params_from_reader(reader: gguf.GGUFReader,
                        path: str) -> tuple[ModelConfig, dict[str, Any]]:
   """`load_gguf` on an already opened reader (`path` names it in errors)."""
   tensors = _Tensors(reader, path)
-  if "token_embd.weight" not in tensors:
-    raise ValueError(f"GGUF file {path!r}: tensor 'token_embd.weight' is "
-                     "missing.")
-  embd_shape = tensors.by_name["token_embd.weight"].shape.tolist()
-  vocab_size = int(embd_shape[-1])
-  config = config_from_metadata(reader, path, vocab_size,
-                                tied="output.weight" not in tensors)
+  config = config_from_reader(reader, path)
   if "rope_freqs.weight" in tensors:
     raise ValueError(f"GGUF file {path!r}: tensor 'rope_freqs.weight' (rope "
                      "frequency scaling) is not supported.")

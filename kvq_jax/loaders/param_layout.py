@@ -12,6 +12,10 @@
              'gate': {'kernel': [D, F]}, 'up': {'kernel': [D, F]},
              'down': {'kernel': [F, D]}}, ...]}
 ```
+Gemma 3 (`config.name == 'gemma3'`) layers add 'q_norm': [H], 'k_norm': [H]
+(per-head RMSNorm of q / k), 'post_attn_norm': [D] and 'post_mlp_norm': [D];
+every Gemma norm weight holds 1 + w (llama.cpp's GGUF convention; see
+`models/gemma3.py`).
 Kernels are [in, out] (y = x @ kernel); leaves are numpy float32.
 """
 
@@ -52,6 +56,10 @@ def expected_shapes(config: ModelConfig) -> Params:
       "up": linear(d, f),
       "down": linear(f, d),
   }
+  if config.name == "gemma3":
+    h = config.head_dim
+    layer.update({"q_norm": (h,), "k_norm": (h,), "post_attn_norm": (d,),
+                  "post_mlp_norm": (d,)})
   shapes: Params = {"embed": (v, d), "final_norm": (d,),
                     "layers": [copy.deepcopy(layer)
                                for _ in range(config.num_layers)]}
@@ -60,24 +68,25 @@ def expected_shapes(config: ModelConfig) -> Params:
   return shapes
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """{'layers/0/q/kernel': leaf, ...}: a params tree's leaves by path."""
   if isinstance(tree, dict):
     out = {}
     for key, value in tree.items():
-      out.update(_flatten(value, f"{prefix}{key}/"))
+      out.update(flatten(value, f"{prefix}{key}/"))
     return out
   if isinstance(tree, list):
     out = {}
     for i, value in enumerate(tree):
-      out.update(_flatten(value, f"{prefix}{i}/"))
+      out.update(flatten(value, f"{prefix}{i}/"))
     return out
   return {prefix.rstrip("/"): tree}
 
 
 def check_params(params: Params, config: ModelConfig, source: str) -> None:
   """Raises ValueError naming `source` and the leaf if params break the layout."""
-  want = _flatten(expected_shapes(config))
-  got = _flatten(params)
+  want = flatten(expected_shapes(config))
+  got = flatten(params)
   missing = sorted(set(want) - set(got))
   extra = sorted(set(got) - set(want))
   if missing or extra:

@@ -16,6 +16,11 @@ pre-tokenizer follows `tokenizer.ggml.pre` the way llama.cpp's
 
 Tokens typed CONTROL (3) become special added tokens (matched whole in the
 input text, e.g. <|im_start|>), USER_DEFINED (4) plain added tokens.
+
+GGUF (`tokenizer.ggml.model == 'llama'`, e.g. Gemma 3): a SentencePiece BPE
+ranked by `tokenizer.ggml.scores`, with `<0xNN>` byte fallback; see
+`kvq_jax.loaders.spm_tokenizer`. As in llama.cpp, `add_space_prefix` and
+`add_bos_token` default to true when the file does not set them.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from tokenizers import models
 from tokenizers import pre_tokenizers
 
 from kvq_jax.loaders import gguf as gguf_loader
+from kvq_jax.loaders import spm_tokenizer
 
 _QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -66,6 +72,12 @@ PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
 
 _CONTROL, _USER_DEFINED = 3, 4
 _META_FILE = "kvq_tokenizer.json"
+
+# tokenizer.ggml.model values understood by `tokenizer_from_reader`.
+GGUF_TOKENIZER_MODELS = {
+    "gpt2": "byte-level BPE with tokenizer.ggml.merges",
+    "llama": "SentencePiece BPE with tokenizer.ggml.scores and byte fallback",
+}
 
 
 class TextTokenizer:
@@ -199,25 +211,45 @@ def tokenizer_from_reader(reader: Any, path: str) -> TextTokenizer:
   """`load_gguf_tokenizer` on an opened `gguf.GGUFReader`."""
   value = lambda key: gguf_loader.metadata_value(reader, key)  # noqa: E731
   model = value("tokenizer.ggml.model")
-  if model != "gpt2":
-    raise ValueError(f"GGUF file {path!r}: tokenizer.ggml.model={model!r} is "
-                     "not supported; allowed: ['gpt2'] (byte-level BPE).")
-  tokens, merges = value("tokenizer.ggml.tokens"), value("tokenizer.ggml.merges")
-  if not tokens or merges is None:
-    raise ValueError(f"GGUF file {path!r}: tokenizer.ggml.tokens/merges are "
-                     "missing.")
+  tokens = value("tokenizer.ggml.tokens")
   try:
-    hf = build_bpe_tokenizer(tokens, merges, value("tokenizer.ggml.token_type"),
-                             value("tokenizer.ggml.pre") or "gpt2")
+    if model == "gpt2":
+      merges = value("tokenizer.ggml.merges")
+      if not tokens or merges is None:
+        raise ValueError("tokenizer.ggml.tokens/merges are missing; a 'gpt2' "
+                         "vocab needs both.")
+      hf = build_bpe_tokenizer(tokens, merges,
+                               value("tokenizer.ggml.token_type"),
+                               value("tokenizer.ggml.pre") or "gpt2")
+      add_bos_default = False
+    elif model == "llama":
+      scores = value("tokenizer.ggml.scores")
+      if not tokens or scores is None:
+        raise ValueError("tokenizer.ggml.tokens/scores are missing; a 'llama' "
+                         "(SentencePiece) vocab needs both.")
+      add_prefix = value("tokenizer.ggml.add_space_prefix")
+      unk = value("tokenizer.ggml.unknown_token_id")
+      hf = spm_tokenizer.build_spm_tokenizer(
+          tokens, scores, value("tokenizer.ggml.token_type"),
+          add_space_prefix=True if add_prefix is None else bool(add_prefix),
+          unk_id=None if unk is None else int(unk))
+      add_bos_default = True
+    else:
+      allowed = "; ".join(f"{name!r} ({what})"
+                          for name, what in GGUF_TOKENIZER_MODELS.items())
+      raise ValueError(f"tokenizer.ggml.model={model!r} is not supported; "
+                       f"allowed: {allowed}.")
   except ValueError as e:
     raise ValueError(f"GGUF file {path!r}: {e}") from e
   bos, eos = value("tokenizer.ggml.bos_token_id"), value(
       "tokenizer.ggml.eos_token_id")
+  add_bos = value("tokenizer.ggml.add_bos_token")
+  add_bos = add_bos_default if add_bos is None else bool(add_bos)
   return TextTokenizer(
       hf, bos_id=None if bos is None else int(bos),
       eos_id=None if eos is None else int(eos),
       chat_template=value("tokenizer.chat_template"),
-      add_bos=bool(value("tokenizer.ggml.add_bos_token")) and bos is not None)
+      add_bos=add_bos and bos is not None)
 
 
 def _token_content(token: Any) -> str | None:

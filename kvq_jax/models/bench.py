@@ -25,7 +25,7 @@ PRESETS = {
         vocab_size=49152, hidden_size=576, intermediate_size=1536,
         num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
         rope_theta=100000.0, rms_norm_eps=1e-5, tie_embeddings=True,
-        name="smollm2_135m"),
+        name="llama"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Building blocks of the decoder: RMSNorm, dense projection, SwiGLU MLP."""
+"""Building blocks of the decoders: RMSNorm, dense projection, gated MLP."""
 
 from __future__ import annotations
 
@@ -10,22 +10,30 @@ _KERNEL_INIT = nnx.initializers.normal(stddev=0.02)
 
 
 class RMSNorm(nnx.Module):
-  """Hugging Face LlamaRMSNorm: `x * rsqrt(mean(x^2) + eps) * weight`.
+  """`x * rsqrt(mean(x^2) + eps) * weight` over the last axis.
 
-  Statistics in float32; the normalised activations are cast back to the
-  compute dtype before the weight multiply, as HF does.
+  Statistics in float32. By default the normalised activations are cast back
+  to the compute dtype before the weight multiply (Hugging Face
+  LlamaRMSNorm); with `weight_in_float32` the multiply happens in float32
+  and only the product is cast (Gemma3RMSNorm). Gemma's `(1 + w)` is not
+  special-cased: the stored weight already is `1 + w` (llama.cpp's GGUF
+  convention, which the Hugging Face loader reproduces).
   """
 
   def __init__(self, dim: int, *, eps: float, dtype=jnp.float32,
-               param_dtype=jnp.float32):
+               param_dtype=jnp.float32, weight_in_float32: bool = False):
     self.eps = eps
     self.dtype = dtype
+    self.weight_in_float32 = weight_in_float32
     self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
 
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
     x = x_BxTxD.astype(jnp.float32)
     inv_rms_BxTx1 = jax.lax.rsqrt(
         jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
+    if self.weight_in_float32:
+      return (x * inv_rms_BxTx1 * self.weight[...].astype(jnp.float32)
+              ).astype(self.dtype)
     normed = (x * inv_rms_BxTx1).astype(self.dtype)
     return normed * self.weight[...].astype(self.dtype)
 
@@ -49,15 +57,28 @@ class Dense(nnx.Module):
     return y
 
 
-class SwiGLU(nnx.Module):
-  """down(silu(gate(x)) * up(x))."""
+# Gate activations of `GatedMLP`. 'gelu_tanh' is the tanh approximation
+# (PyTorch's gelu(approximate='tanh'), HF's 'gelu_pytorch_tanh').
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
 
-  def __init__(self, dim: int, hidden: int, *, dtype=jnp.float32,
-               param_dtype=jnp.float32, rngs: nnx.Rngs):
+
+class GatedMLP(nnx.Module):
+  """down(act(gate(x)) * up(x)): SwiGLU with 'silu', GeGLU with 'gelu_tanh'."""
+
+  def __init__(self, dim: int, hidden: int, *, activation: str = "silu",
+               dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    if activation not in ACTIVATIONS:
+      raise ValueError(f"GatedMLP.activation={activation!r}: allowed are "
+                       f"{sorted(ACTIVATIONS)}.")
     kw = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.activation = activation
     self.gate = Dense(dim, hidden, **kw)
     self.up = Dense(dim, hidden, **kw)
     self.down = Dense(hidden, dim, **kw)
 
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
-    return self.down(jax.nn.silu(self.gate(x_BxTxD)) * self.up(x_BxTxD))
+    act = ACTIVATIONS[self.activation]
+    return self.down(act(self.gate(x_BxTxD)) * self.up(x_BxTxD))

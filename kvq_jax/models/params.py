@@ -1,14 +1,9 @@
-"""The loader parameter layout <-> Decoder, plus random weights of any shape.
+"""The loader parameter layout <-> decoder modules, plus random weights.
 
-Layout (numpy float32, kernels [in, out], Q/K in HF rotate_half convention):
-
-  {'embed': [V, D], 'lm_head': [D, V] (untied only), 'final_norm': [D],
-   'layers': [{'attn_norm': [D],
-               'q': {'kernel': [D, N*H], 'bias': [N*H] (attention_bias)},
-               'k': {...[D, K*H]}, 'v': {...[D, K*H]},
-               'o': {'kernel': [N*H, D]}, 'mlp_norm': [D],
-               'gate': {'kernel': [D, F]}, 'up': {'kernel': [D, F]},
-               'down': {'kernel': [F, D]}}, ...]}
+The layout itself (nested dict of numpy float32 leaves, kernels [in, out],
+Q/K in HF rotate_half order, Gemma norm weights holding 1 + w) is defined in
+`loaders/param_layout.py`; `param_shapes` is its `expected_shapes`. The
+decoder class is chosen by `config.name` (`decoder_class`).
 """
 
 from __future__ import annotations
@@ -20,31 +15,38 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kvq_jax.loaders import param_layout
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.decoder import Decoder
+from kvq_jax.models.gemma3 import Gemma3Decoder
 
 Params = dict[str, Any]
+
+# config.name -> decoder class.
+DECODER_CLASSES: dict[str, type[Decoder]] = {
+    "llama": Decoder, "qwen2": Decoder, "gemma3": Gemma3Decoder}
+
+# Layer key of the layout -> attribute path inside a block.
+_LAYER_MODULES = {
+    "attn_norm": "attn_norm", "post_attn_norm": "post_attn_norm",
+    "mlp_norm": "mlp_norm", "post_mlp_norm": "post_mlp_norm",
+    "q_norm": "attn.q_norm", "k_norm": "attn.k_norm",
+    "q": "attn.q", "k": "attn.k", "v": "attn.v", "o": "attn.o",
+    "gate": "mlp.gate", "up": "mlp.up", "down": "mlp.down",
+}
+
+
+def decoder_class(config: ModelConfig) -> type[Decoder]:
+  """The decoder module class of `config.name`."""
+  if config.name not in DECODER_CLASSES:
+    raise ValueError(f"config.name={config.name!r}: no decoder; allowed: "
+                     f"{sorted(DECODER_CLASSES)}.")
+  return DECODER_CLASSES[config.name]
 
 
 def param_shapes(config: ModelConfig) -> Params:
   """The expected layout with shape tuples in place of arrays."""
-  d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
-  nh = config.num_heads * config.head_dim
-  kh = config.num_kv_heads * config.head_dim
-
-  def proj(i, o, bias):
-    return {"kernel": (i, o), **({"bias": (o,)} if bias else {})}
-
-  bias = config.attention_bias
-  layer = {"attn_norm": (d,), "q": proj(d, nh, bias), "k": proj(d, kh, bias),
-           "v": proj(d, kh, bias), "o": proj(nh, d, False), "mlp_norm": (d,),
-           "gate": proj(d, f, False), "up": proj(d, f, False),
-           "down": proj(f, d, False)}
-  shapes = {"embed": (v, d), "final_norm": (d,),
-            "layers": [layer for _ in range(config.num_layers)]}
-  if not config.tie_embeddings:
-    shapes["lm_head"] = (d, v)
-  return shapes
+  return param_layout.expected_shapes(config)
 
 
 def random_params(config: ModelConfig, seed: int = 0,
@@ -64,23 +66,35 @@ def random_params(config: ModelConfig, seed: int = 0,
   return fill("", param_shapes(config))
 
 
+def _attribute(module: Any, path: str) -> Any:
+  for name in path.split("."):
+    module = getattr(module, name, None)
+    if module is None:
+      break
+  return module
+
+
 def _variables(model: Decoder) -> Iterator[tuple[str, nnx.Param]]:
-  """(dict path, Param) pairs in the loader layout."""
+  """(dict path, Param) pairs in the loader layout, driven by the layout of
+  `model.config` (so the module tree and the layout cannot drift apart)."""
+  shapes = param_shapes(model.config)
   yield "embed", model.embed
-  if model.lm_head is not None:
+  if "lm_head" in shapes:
     yield "lm_head", model.lm_head
   yield "final_norm", model.final_norm.weight
-  for i, block in enumerate(model.layers):
-    p = f"layers.{i}."
-    yield p + "attn_norm", block.attn_norm.weight
-    yield p + "mlp_norm", block.mlp_norm.weight
-    for name in ("q", "k", "v", "o"):
-      dense = getattr(block.attn, name)
-      yield p + f"{name}.kernel", dense.kernel
-      if dense.bias is not None:
-        yield p + f"{name}.bias", dense.bias
-    for name in ("gate", "up", "down"):
-      yield p + f"{name}.kernel", getattr(block.mlp, name).kernel
+  for i, (block, layer_shapes) in enumerate(zip(model.layers,
+                                                shapes["layers"])):
+    for key, shape in layer_shapes.items():
+      module = _attribute(block, _LAYER_MODULES[key])
+      if module is None:
+        raise ValueError(
+            f"{type(model).__name__} layer {i} has no module "
+            f"{_LAYER_MODULES[key]!r} for the layout key {key!r}.")
+      if not isinstance(shape, dict):
+        yield f"layers.{i}.{key}", module.weight
+        continue
+      for leaf in shape:
+        yield f"layers.{i}.{key}.{leaf}", getattr(module, leaf)
 
 
 def _lookup(params: Params, path: str):
@@ -93,8 +107,26 @@ def _lookup(params: Params, path: str):
   return node
 
 
-def load_params(model: Decoder, params: Params) -> Decoder:
-  """Copies the loader dict into `model` in place (cast to its param dtype)."""
+def _drop(params: Params, path: str) -> None:
+  """Replaces the leaf at `path` by None (its array can be freed)."""
+  *parents, last = path.split(".")
+  node = params
+  for key in parents:
+    node = node[int(key)] if isinstance(node, (list, tuple)) else node[key]
+  if isinstance(node, list):
+    node[int(last)] = None
+  else:
+    node[last] = None
+
+
+def load_params(model: Decoder, params: Params,
+                consume: bool = False) -> Decoder:
+  """Copies the loader dict into `model` in place (cast to its param dtype).
+
+  `consume` drops each numpy leaf from `params` once it is on the device, so
+  a caller that owns the dict never holds the model twice (a 1.5B model's
+  float32 weights are 6.2 GB).
+  """
   num_layers = len(params.get("layers", []))
   if num_layers != model.config.num_layers:
     raise ValueError(
@@ -107,6 +139,9 @@ def load_params(model: Decoder, params: Params) -> Decoder:
           f"params['{path}'] has shape {value.shape}; the config expects "
           f"{variable.shape}.")
     variable.set_value(jnp.asarray(value, dtype=model.param_dtype))
+    if consume:
+      del value
+      _drop(params, path)
   return model
 
 
@@ -122,9 +157,11 @@ def params_dict(model: Decoder) -> Params:
 
 
 def decoder_from_params(config: ModelConfig, params: Params, *,
-                        dtype=jnp.float32,
-                        param_dtype=jnp.float32) -> Decoder:
-  """A Decoder holding `params` (no random initialisation is materialised)."""
-  model = nnx.eval_shape(lambda: Decoder(
+                        dtype=jnp.float32, param_dtype=jnp.float32,
+                        consume: bool = False) -> Decoder:
+  """The decoder of `config.name` holding `params` (no random initialisation
+  is materialised); `consume` as in `load_params`."""
+  cls = decoder_class(config)
+  model = nnx.eval_shape(lambda: cls(
       config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0)))
-  return load_params(model, params)
+  return load_params(model, params, consume)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kvq_jax.cache.base import LayerCache, check_capacity
-from kvq_jax.cache.quantized import QuantizedLayerCache, check_positions
+from kvq_jax.cache.quantized import check_positions
 from kvq_jax.models.decoder import Decoder
 
 
@@ -31,8 +31,9 @@ def _check_positions(cache: Sequence[LayerCache],
                      positions_BxT: jax.Array) -> None:
   """Explicit positions vs pre-RoPE keys (eagerly, before the jitted call)."""
   for layer in cache:
-    if isinstance(layer, QuantizedLayerCache):
-      check_positions(layer.spec, positions_BxT, layer.length_B)
+    spec = getattr(layer, "spec", None)  # Quantized caches, rings included.
+    if spec is not None:
+      check_positions(spec, positions_BxT, layer.length_B)
 
 
 def _forward(graphdef, state, tokens_BxT, cache, positions_BxT):

@@ -41,6 +41,8 @@ import orbax.checkpoint as ocp
 
 from kvq_jax.cache.dense import DenseLayerCache
 from kvq_jax.cache.quantized import QuantizedLayerCache
+from kvq_jax.cache.sliding import SlidingDenseLayerCache
+from kvq_jax.cache.sliding_quantized import SlidingQuantizedLayerCache
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.quant import QuantSpec
 
@@ -70,14 +72,21 @@ def _describe_layer(layer) -> dict:
   if isinstance(layer, DenseLayerCache):
     b, _, k, h = layer.k_BxSxKxH.shape
     entry = {"kind": "dense", "dtype": jnp.dtype(layer.k_BxSxKxH.dtype).name}
-  elif isinstance(layer, QuantizedLayerCache):
+  elif isinstance(layer, SlidingDenseLayerCache):
+    b, _, k, h = layer.k_BxRxKxH.shape
+    entry = {"kind": "dense_ring", "dtype": jnp.dtype(layer.k_BxRxKxH.dtype).name,
+             "sliding_window": layer.sliding_window}
+  elif isinstance(layer, (QuantizedLayerCache, SlidingQuantizedLayerCache)):
     b, k, _, h = layer.window_k.shape
     entry = {"kind": "quantized", "spec": _spec_to_json(layer.spec),
              "dtype": layer.dtype.name}
+    if isinstance(layer, SlidingQuantizedLayerCache):
+      entry.update(kind="quantized_ring", sliding_window=layer.sliding_window)
   else:
     raise ValueError(
         f"save_cache: layer cache of type {type(layer).__name__} is not "
-        "supported; allowed: DenseLayerCache, QuantizedLayerCache.")
+        "supported; allowed: DenseLayerCache, QuantizedLayerCache and their "
+        "Sliding* ring variants.")
   entry.update(capacity=layer.capacity, batch_size=int(b), num_kv_heads=int(k),
                head_dim=int(h))
   return entry
@@ -101,11 +110,18 @@ def _abstract_layer(entry: dict, where: str):
     dtype = jnp.dtype(entry["dtype"])
     if entry["kind"] == "dense":
       return jax.eval_shape(lambda: DenseLayerCache.create(*args, dtype))
-    if entry["kind"] == "quantized":
+    if entry["kind"] == "dense_ring":
+      return jax.eval_shape(lambda: SlidingDenseLayerCache.create(
+          *args, dtype, sliding_window=entry["sliding_window"]))
+    if entry["kind"] in ("quantized", "quantized_ring"):
       spec = _spec_from_json(entry["spec"])
+      if entry["kind"] == "quantized_ring":
+        return jax.eval_shape(lambda: SlidingQuantizedLayerCache.create(
+            spec, *args, dtype, sliding_window=entry["sliding_window"]))
       return jax.eval_shape(
           lambda: QuantizedLayerCache.create(spec, *args, dtype))
-    raise ValueError(f"kind={entry['kind']!r}; allowed: dense, quantized")
+    raise ValueError(f"kind={entry['kind']!r}; allowed: dense, dense_ring, "
+                     "quantized, quantized_ring")
   except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f"{where}: the layer description is invalid: {e}") from e
 

@@ -51,6 +51,9 @@ class SelectiveSpec:
     key_rope: 'post' or 'pre' (fake-quantize keys before RoPE).
     hadamard_k, hadamard_v: rotate head_dim around the round trip.
     dtype: the full-precision cache dtype (a jnp dtype name).
+    sliding_window: the layer's sliding window (Gemma 3 local layers), or
+      None: a band mask over the linear storage (not a ring: this cache is
+      a quality probe, not a memory measurement).
   """
 
   k_formats: tuple[QuantSpec | None, ...]
@@ -59,6 +62,7 @@ class SelectiveSpec:
   hadamard_k: bool = False
   hadamard_v: bool = False
   dtype: str = "float32"
+  sliding_window: int | None = None
 
   def __post_init__(self):
     for name in ("k_formats", "v_formats"):
@@ -143,7 +147,7 @@ class SelectiveLayerCache:
     """Writes the T new tokens (round-tripped), then attends over the cache."""
     return write_and_attend(
         self, q_BxTxNxH, self._written_keys(k_BxTxKxH, positions_BxT, rope),
-        self._written_values(v_BxTxKxH))
+        self._written_values(v_BxTxKxH), self.spec.sliding_window)
 
 
 def layer_specs(config: ModelConfig, spec: CacheSpec,
@@ -164,7 +168,8 @@ def layer_specs(config: ModelConfig, spec: CacheSpec,
         k_formats=(layer.k,) + tuple(extra_k),
         v_formats=(layer.v,) + tuple(extra_v),
         key_rope=layer.key_rope, hadamard_k=layer.hadamard_k,
-        hadamard_v=layer.hadamard_v, dtype=dtype))
+        hadamard_v=layer.hadamard_v, dtype=dtype,
+        sliding_window=config.layer_window(i)))
   return out
 
 

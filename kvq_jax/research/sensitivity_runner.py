@@ -22,7 +22,7 @@ import numpy as np
 from absl import logging
 
 from kvq_jax.eval.corpus import load_eval_text
-from kvq_jax.eval.windows import make_windows, scored_mask
+from kvq_jax.eval.windows import make_windows, scored_mask, text_ids
 from kvq_jax.experiment.progress import ProgressBar
 from kvq_jax.experiment.settings import settings_from_config
 from kvq_jax.experiment.short_specs import parse_short_spec, short_name
@@ -87,9 +87,9 @@ def run_layer_sensitivity(config: ml_collections.ConfigDict, workdir: str,
   base_k = [short_name(spec.layer(i).k) for i in range(n)]
   base_v = [short_name(spec.layer(i).v) for i in range(n)]
   text, data_description = load_eval_text(eval_data)
-  ids = lm.tokenizer.encode(text)
+  ids, bos_id = text_ids(lm.tokenizer, text)
   windows = make_windows(ids, settings.eval.window_len,
-                         settings.eval.num_windows)
+                         settings.eval.num_windows, bos_id)
   mask = scored_mask(settings.eval.window_len, settings.eval.scoring)
   probes = plan_probes(base_k, base_v, extras, all_but_one=all_but_one)
   logging.info("%d probes over %d windows of %d tokens", len(probes),

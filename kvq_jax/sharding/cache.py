@@ -1,8 +1,9 @@
 """`shard_cache`: KV heads over 'model', batch over 'data'.
 
 Leaf layouts (see kvq_jax/cache):
-  * DenseLayerCache: k/v [B, S, K, H] -> P(data, None, model, None).
-  * QuantizedLayerCache: every storage leaf (packed codes, scales, zeros, or a
+  * DenseLayerCache and SlidingDenseLayerCache (a local layer's ring):
+    k/v [B, S or R, K, H] -> P(data, None, model, None).
+  * QuantizedLayerCache and SlidingQuantizedLayerCache: every storage leaf (packed codes, scales, zeros, or a
     plain store) and the window/sink buffers are [B, K, *, *]
     -> P(data, model, None, None).
   * length_B [B] -> P(data).
@@ -22,6 +23,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from kvq_jax.cache.dense import DenseLayerCache
 from kvq_jax.cache.quantized import QuantizedLayerCache
+from kvq_jax.cache.sliding import SlidingDenseLayerCache
+from kvq_jax.cache.sliding_quantized import SlidingQuantizedLayerCache
 from kvq_jax.sharding.mesh import axis_size
 
 
@@ -43,14 +46,15 @@ def _spec(shape: tuple[int, ...], kv_axis: int | None, data: int,
 
 def layer_partition_specs(layer, mesh: Mesh):
   """A pytree like `layer` of PartitionSpecs (module docstring)."""
-  if isinstance(layer, DenseLayerCache):
+  if isinstance(layer, (DenseLayerCache, SlidingDenseLayerCache)):
     kv_axis = 2
-  elif isinstance(layer, QuantizedLayerCache):
+  elif isinstance(layer, (QuantizedLayerCache, SlidingQuantizedLayerCache)):
     kv_axis = 1
   else:
     raise ValueError(
         f"shard_cache: layer cache of type {type(layer).__name__} is not "
-        "supported; allowed: DenseLayerCache, QuantizedLayerCache.")
+        "supported; allowed: DenseLayerCache, QuantizedLayerCache and their "
+        "Sliding* ring variants.")
   data, model = axis_size(mesh, "data"), axis_size(mesh, "model")
   return jax.tree_util.tree_map(
       lambda x: _spec(tuple(x.shape), kv_axis if x.ndim == 4 else None, data,

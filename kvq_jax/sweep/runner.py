@@ -9,9 +9,11 @@ workdir/pareto.png and workdir/config.json (the resolved base config).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import pathlib
+import time
 from typing import Sequence
 
 import jax.numpy as jnp
@@ -20,10 +22,11 @@ from absl import logging
 
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.evaluate import evaluate_many
-from kvq_jax.eval.windows import make_windows, scored_mask
+from kvq_jax.eval.windows import make_windows, scored_mask, text_ids
 from kvq_jax.experiment import memory
 from kvq_jax.experiment.progress import ProgressBar
 from kvq_jax.experiment.settings import settings_from_config
+from kvq_jax.experiment.timing import machine_description, peak_rss_gib
 from kvq_jax.facade import load_model, window_forward
 from kvq_jax.sweep.grid import Skipped, SweepPoint, expand_grid
 from kvq_jax.sweep.pareto import pareto_front
@@ -43,7 +46,7 @@ class SweepRequest:
   points: str | Sequence[str] | None = None
 
 
-def _unique(points: list[SweepPoint]) -> list[SweepPoint]:
+def unique_points(points: list[SweepPoint]) -> list[SweepPoint]:
   """Drops later points whose spec equals an earlier one (same forward).
 
   Raises ValueError when two different specs share a name (e.g. two preset
@@ -79,23 +82,26 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
     logging.warning("sweep: skipping %s: %s", s.name, s.reason)
   named = parse_points(request.points, base, head_dim=cfg.head_dim,
                        num_layers=cfg.num_layers)
-  points = _unique(grid + named)
+  points = unique_points(grid + named)
   if not points:
     raise ValueError("sweep: no valid point to evaluate (every grid "
                      "combination was skipped and --points is empty).")
   if lm.tokenizer is None:
     raise ValueError("sweep: the model has no tokenizer.")
   text, _ = load_eval_text(eval_data)
-  windows = make_windows(lm.tokenizer.encode(text), settings.eval.window_len,
-                         settings.eval.num_windows)
+  ids, bos_id = text_ids(lm.tokenizer, text)
+  windows = make_windows(ids, settings.eval.window_len,
+                         settings.eval.num_windows, bos_id)
   mask = scored_mask(settings.eval.window_len, settings.eval.scoring)
   logging.info("sweep: %d points, %d skipped, %d windows of %d", len(points),
                len(skipped), *windows.shape)
   cache_dtype = settings.cache_dtype
   quants = {p.name: window_forward(lm, p.spec, cache_dtype) for p in points}
+  started = time.perf_counter()
   results = evaluate_many(windows, mask, window_forward(lm), quants,
                           batch_size=settings.eval.batch_size,
                           progress=ProgressBar("sweep"))
+  eval_seconds = time.perf_counter() - started
   rows = []
   for p in points:
     r = results[p.name]
@@ -133,6 +139,15 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
   resolved = config.copy_and_resolve_references()
   resolved.model = model or settings.model
   (out / "config.json").write_text(resolved.to_json_best_effort(indent=2))
+  # One baseline pass plus every point's pass per window, compile included.
+  info = {"eval_seconds": eval_seconds,
+          "eval_seconds_per_window": eval_seconds / windows.shape[0],
+          "passes_per_window": 1 + len(points),
+          "peak_rss_gib": peak_rss_gib(), "machine": machine_description()}
+  (out / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
+  logging.info("sweep: %.1f s per window (%d passes), peak RSS %.2f GiB",
+               info["eval_seconds_per_window"], info["passes_per_window"],
+               info["peak_rss_gib"])
   _log_table(rows)
   return rows
 

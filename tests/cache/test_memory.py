@@ -17,8 +17,7 @@ from kvq_jax.models.runtime import Runtime
 from kvq_jax.quant import QuantSpec
 
 CONFIG = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
-                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64,
-                     name="mem")
+                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64)
 CAPACITY = 8192
 INT4_G32 = QuantSpec("int4", "symmetric", "per_group", 32)
 

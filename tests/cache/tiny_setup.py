@@ -24,7 +24,7 @@ from kvq_jax.quant import QuantSpec
 
 from tests.models.tiny import TINY
 
-TINY1 = dataclasses.replace(TINY, num_layers=1, name="tiny1")
+TINY1 = dataclasses.replace(TINY, num_layers=1)
 TINY2 = TINY
 CONFIGS = {"tiny1": TINY1, "tiny2": TINY2}
 

@@ -145,3 +145,12 @@ def test_calibration_and_evaluation_windows_are_disjoint():
     split_windows(ids, 100, 9, 2)
   with pytest.raises(ValueError, match="overlap"):
     assert_disjoint((0, 10), (5, 20))
+
+
+def test_split_windows_with_bos_counts_text_tokens():
+  split = split_windows(np.arange(100, 130), 4, 2, 3, bos_id=1)
+  # 3 text tokens per window; calibration = the last 9 text tokens.
+  assert split.eval_WxT.tolist() == [[1, 100, 101, 102], [1, 103, 104, 105]]
+  assert split.calib_WxT.tolist() == [[1, 121, 122, 123], [1, 124, 125, 126],
+                                      [1, 127, 128, 129]]
+  assert split.calib_range == (21, 30) and split.eval_range == (0, 6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvq_jax.eval.windows import make_windows, scored_mask
+from kvq_jax.eval.windows import make_windows, scored_mask, text_ids
 
 
 def test_windows_are_consecutive_from_the_start():
@@ -49,3 +49,29 @@ def test_scored_mask_counts_match_llama_cpp():
 def test_bad_scoring_lists_allowed_values():
   with pytest.raises(ValueError, match=r"eval\.scoring='half'.*all, second_half"):
     scored_mask(16, "half")
+
+
+def test_bos_starts_every_window_then_consecutive_text():
+  windows = make_windows(np.arange(10, 30), 5, 0, bos_id=1)
+  # 4 text tokens per window after the BOS: 20 tokens -> 5 windows.
+  assert windows.tolist() == [[1, 10, 11, 12, 13], [1, 14, 15, 16, 17],
+                              [1, 18, 19, 20, 21], [1, 22, 23, 24, 25],
+                              [1, 26, 27, 28, 29]]
+
+
+class _Tok:
+
+  def __init__(self, add_bos):
+    self.add_bos, self.bos_id = add_bos, 7
+
+  def encode(self, text, add_bos=None):
+    ids = [ord(c) for c in text]
+    return [self.bos_id] + ids if (self.add_bos if add_bos is None
+                                   else add_bos) else ids
+
+
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_text_ids_never_hold_bos_and_report_it(add_bos):
+  ids, bos = text_ids(_Tok(add_bos), "abc")
+  assert ids.tolist() == [97, 98, 99]
+  assert bos == (7 if add_bos else None)

@@ -27,6 +27,9 @@ PRESET_BITS = {
     "kvq4": 5.0,
     # llama.cpp's cache types: float16 d (and m) per 32 elements.
     "q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0, "q5_0": 5.5, "q5_1": 6.0,
+    # Measured here on SmolLM2's shapes (H=64): 27 layers at 5 bits, layers
+    # 5, 11, 17 at int8 per token (8 + 16/64).
+    "gemma3_int4_global8": (27 * 5.0 + 3 * 8.25) / 30,
 }
 
 # Fixed (capacity-independent) cache bytes per sequence, by hand: 30 layers x

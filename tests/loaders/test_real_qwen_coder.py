@@ -14,6 +14,7 @@ import kvq_jax
 from kvq_jax import assets
 from kvq_jax.experiment.memory import num_params
 from kvq_jax.models.generate import generate
+from tests import real_wikitext
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +62,20 @@ def test_tokenizer_ids(model):
   for text in ["def fib(n):\n    return n", "Senjō no Valkyria 3 : 戦場",
                "\t\tx += 1\n\n"]:
     assert tok.decode(tok.encode(text)) == text
+
+
+def test_wikitext2_baseline_perplexity_is_pinned(model):
+  """4 windows of 512 (no BOS: Qwen adds none), second half, float32.
+
+  Measured with this code on a 2-core CPU: 30.856377648854465;
+  transformers 5.24 (torch float32, the same GGUF and window ids, see
+  scripts/reference/hf_window_nll.py) gave 30.8564, mean |dNLL| 3.1e-6 nats
+  per token, argmax agreement 100%.
+  """
+  windows = real_wikitext.first_windows(model)
+  assert windows[0, :3].tolist() == [715, 284, 8397]  # " \n", " =", " Robert"
+  ppl = real_wikitext.baseline_ppl(model, windows)
+  assert round(ppl, 4) == 30.8564, ppl
 
 
 def test_greedy_code_completion(model):

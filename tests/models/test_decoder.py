@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import jax.numpy as jnp
 import pytest
@@ -189,3 +190,17 @@ def test_param_shapes_layout_for_untied_biased_config(config):
   assert ("bias" in shapes["layers"][0]["k"]) == config.attention_bias
   assert shapes["layers"][0]["k"]["kernel"] == (64, 32)
   assert "bias" not in shapes["layers"][0]["o"]
+
+
+def test_consume_frees_the_loader_leaves_and_loads_the_same_weights():
+  params = random_params(TINY, seed=4)
+  kept = decoder_from_params(TINY, params)
+  consumed_tree = random_params(TINY, seed=4)
+  consumed = decoder_from_params(TINY, consumed_tree, consume=True)
+  assert all(leaf is None for leaf in jax.tree_util.tree_leaves(
+      consumed_tree, is_leaf=lambda x: x is None))
+  ids = jnp.asarray([[1, 2, 3]], jnp.int32)
+  pos = jnp.arange(3, dtype=jnp.int32)[None]
+  np.testing.assert_array_equal(
+      np.asarray(kept(ids, pos, kept.init_cache(1, 3))[0]),
+      np.asarray(consumed(ids, pos, consumed.init_cache(1, 3))[0]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax.numpy as jnp
@@ -125,3 +126,19 @@ def test_bad_choice_raises():
     SelectiveLayerCache.create(spec, 1, 8, 2, 16, k_choice=2)
   with pytest.raises(ValueError, match="v_choice_L"):
     forward("post")(tokens(), OFF, [0, 5])
+
+
+def test_sliding_window_layers_match_the_real_ring_caches():
+  """A local layer's band (window 5 < T = 24) is honoured by the probe."""
+  config = dataclasses.replace(CONFIG, sliding_window=5, local_layers=(0,))
+  local = decoder_from_params(config, random_params(config, seed=3,
+                                                    scale=0.2))
+  probe = SelectiveForward(local, layer_specs(config, POST))
+  ids = tokens()
+  model = LoadedModel(decoder=local, tokenizer=None, source="tiny-local")
+  for choice, spec in ((1, POST), (0, None)):
+    got = np.asarray(probe(ids, [choice] * 2, [choice] * 2))
+    want = np.asarray(window_forward(model, spec, "float32")(ids))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+  # The window matters: the same weights without it give other logits.
+  assert np.abs(got - real_logits(None, ids)).max() > 1e-3

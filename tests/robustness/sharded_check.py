@@ -35,7 +35,7 @@ from kvq_jax import sharding  # noqa: E402
 # K = 4 KV heads: divisible by both 'model' sizes (4 and 2).
 CONFIG = ModelConfig(vocab_size=61, hidden_size=64, intermediate_size=128,
                      num_layers=2, num_heads=8, num_kv_heads=4, head_dim=16,
-                     name="tiny_shard")
+                     name="llama")
 INT4 = QuantSpec("int4", "symmetric", "per_group", 8)
 SPECS = {"dense": None, "int4": CacheSpec(k=INT4, v=INT4, block_size=16)}
 B, T, STEPS, CAPACITY = 4, 6, 3, 16
@@ -89,7 +89,7 @@ def model_checks() -> dict:
 # hidden size 96 divides by 3 and 4), head_dim 32 for groups of 32.
 EVAL_CONFIG = ModelConfig(vocab_size=61, hidden_size=96, intermediate_size=96,
                           num_layers=2, num_heads=9, num_kv_heads=3,
-                          head_dim=32, name="tiny_eval_shard")
+                          head_dim=32, name="llama")
 _PC32 = QuantSpec("int2", "asymmetric", "per_channel", 32)
 EVAL_SPECS = {
     "int8": CacheSpec(k=QuantSpec("int8", "symmetric", "per_token"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 
 from kvq_jax.cache.factory import init_cache
+from kvq_jax.models.params import decoder_from_params, random_params
+from kvq_jax.models.runtime import Runtime
 from kvq_jax.persist import restore_cache, save_cache
 from tests.robustness import tiny
 
@@ -127,7 +130,7 @@ def test_truncated_sidecar(saved, tmp_path):
     (lambda d: d["layers"][1]["spec"]["k"].update(format="int9"),
      r"layer 1: the layer description is invalid: QuantSpec.format='int9'"),
     (lambda d: d["layers"][1].update(kind="sparse"),
-     r"kind='sparse'; allowed: dense, quantized"),
+     r"kind='sparse'; allowed: dense, dense_ring, quantized, quantized_ring"),
     (lambda d: d["layers"][1]["spec"].update(residual=0),
      r"layer 1: lists 9 leaves; its spec/capacity imply 9|layer 1 leaf"),
     (lambda d: d.update(format_version=0), r"format_version=0; allowed: 1"),
@@ -194,3 +197,34 @@ def test_save_refuses_existing_path_and_bad_metadata(saved, tmp_path):
   with pytest.raises(ValueError, match="metadata is not JSON-serialisable"):
     save_cache(tmp_path / "x", cache, {"ids": object()})
   assert not (tmp_path / "x").exists()
+
+
+def test_sliding_window_rings_round_trip_and_continue(tmp_path):
+  """Local layers' rings (dense and quantized) save and restore bit-exactly,
+  after the prompt has wrapped them, and decoding continues identically."""
+  config = dataclasses.replace(tiny.CONFIG, sliding_window=4,
+                               local_layers=(0, 1))
+  rt = Runtime(decoder_from_params(config, random_params(config, 0,
+                                                         scale=0.1)))
+  spec = dataclasses.replace(tiny.MIXED, sink=0)
+  logits, cache = rt.prefill(PROMPT, init_cache(config, 2, CAPACITY, spec))
+  assert [type(layer).__name__ for layer in cache] == [
+      "SlidingDenseLayerCache", "SlidingQuantizedLayerCache"]
+  logits = logits[:, -1]
+  host = jax.device_get(cache)
+  save_cache(tmp_path / "ring", cache)
+  want, step_logits = [], logits
+  for _ in range(3):
+    step_logits, cache = _step(rt, step_logits, cache)
+    want.append(np.asarray(step_logits))
+  restored, _ = restore_cache(tmp_path / "ring")
+  for w, g in zip(jax.tree_util.tree_leaves(host),
+                  jax.tree_util.tree_leaves(restored)):
+    np.testing.assert_array_equal(np.asarray(g).view(np.uint8),
+                                  np.asarray(w).view(np.uint8))
+  assert restored[1].sliding_window == 4
+  got, step_logits = [], logits
+  for _ in range(3):
+    step_logits, restored = _step(rt, step_logits, restored)
+    got.append(np.asarray(step_logits))
+  np.testing.assert_array_equal(np.stack(got), np.stack(want))

@@ -66,8 +66,8 @@ BAD = [
     ("cache.dtype", "x", r"config\.cache\.dtype='x': allowed values are float32, "
      r"bfloat16, float16"),
     ("attention.impl", "x", r"attention_impl|config\.attention\.impl='x'"),
-    ("memory.budget_gib", 0,
-     r"config\.memory\.budget_gib=0\.0: allowed: a number of GiB > 0"),
+    ("memory.budget_gib", -1,
+     r"config\.memory\.budget_gib=-1\.0: allowed: a number of GiB > 0, or 0"),
     ("memory.weight_dtype", "x", r"config\.memory\.weight_dtype='x': allowed: "
      r"float32, bfloat16, float16, int8, int4"),
     ("dtype", "x", r"config\.dtype='x': allowed values are float32, bfloat16, "

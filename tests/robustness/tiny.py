@@ -12,7 +12,7 @@ from kvq_jax.quant import QuantSpec
 
 CONFIG = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                     name="tiny_robust")
+                     name="llama")
 INT4_G8 = QuantSpec("int4", "symmetric", "per_group", 8)
 # Layer 0 dense, layer 1 int4 with sink and residual window: every leaf kind.
 MIXED = CacheSpec(k=INT4_G8, v=INT4_G8, layer_overrides=((0, None, None),),

@@ -92,7 +92,7 @@ def test_bad_points_raise_naming_the_item(text, match):
 def test_same_spec_is_evaluated_once_and_a_name_clash_raises(tmp_path):
   points = parse_points("int4_g32,int4_g32:post", None, head_dim=64,
                         num_layers=1)
-  assert [p.name for p in runner._unique(points)] == ["int4_g32"]  # pylint: disable=protected-access
+  assert [p.name for p in runner.unique_points(points)] == ["int4_g32"]
   for sub, bits in (("a", 8), ("b", 4)):
     (tmp_path / sub).mkdir()
     (tmp_path / sub / "mine.py").write_text(
@@ -104,7 +104,7 @@ def test_same_spec_is_evaluated_once_and_a_name_clash_raises(tmp_path):
                         str(tmp_path / "b" / "mine.py")], None, head_dim=64,
                        num_layers=1)
   with pytest.raises(ValueError, match="both named 'mine'"):
-    runner._unique(clash)  # pylint: disable=protected-access
+    runner.unique_points(clash)
 
 
 def test_flush_option_makes_both_tensors_wait():

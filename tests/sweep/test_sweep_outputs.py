@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -127,3 +128,6 @@ def test_tiny_end_to_end_sweep(tmp_path, monkeypatch):
   assert read_csv(tmp_path / "out" / "sweep.csv")[0]["name"] == ok[0]["name"]
   png = (tmp_path / "out" / "pareto.png").read_bytes()
   assert png[:8] == PNG_MAGIC
+  info = json.loads((tmp_path / "out" / "run_info.json").read_text())
+  assert info["passes_per_window"] == 3 and info["eval_seconds_per_window"] > 0
+  assert 0.05 < info["peak_rss_gib"] < 24 and "cpus" in info["machine"]

@@ -1,0 +1,1 @@
+"""Long-context measurements of KV-cache quantization."""
