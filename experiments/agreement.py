@@ -2,7 +2,7 @@ r"""Decode-heavy agreement of quantized KV caches with the baseline.
 
   python -m experiments.agreement --config=int4_g32_asym [--points=int8,k8v4]
       [--model=NAME_OR_PATH] [--num_prompts=16] [--prefix_lens=256,1024,4096]
-      [--new_tokens=128] [--eval_data=FILE] [--workdir=DIR]
+      [--new_tokens=128] [--batch_size=16] [--eval_data=FILE] [--workdir=DIR]
       [--config.FIELD=...]
 
 Prompts are consecutive slices of the evaluation text. The baseline
@@ -12,8 +12,9 @@ every preset (--points, resolved as experiments.sweep does; default: the
 --config preset) is teacher-forced along that continuation. Reports per
 preset and prefix length: tokens until the first divergence, the fraction of
 identical continuations, the per-step KL(baseline || preset) (mean and over
-steps 1-16, 17-64, 65-128) and top-1 agreement, with stderr over prompts. Writes agreement.{csv,json},
-summary.md and config.json to --workdir (default runs/agreement). Details:
+steps 1-16, 17-64, 65-128) and top-1 agreement, with stderr over prompts.
+Prompts of one length run in batches of --batch_size, the same for every
+cache. Writes agreement.{csv,json}, summary.md and config.json to --workdir (default runs/agreement). Details:
 kvq_jax/longctx/agreement.py.
 """
 
@@ -37,6 +38,9 @@ _PREFIX_LENS = flags.DEFINE_list("prefix_lens", ["256", "1024", "4096"],
                                  "prompt lengths in tokens (BOS included)")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 128,
                                    "greedy tokens decoded per prompt")
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", 16, "prompts prefilled and decoded together (the same "
+    "batches for the baseline and every preset)")
 
 
 def main(argv):
@@ -45,7 +49,8 @@ def main(argv):
   name = preset_name()
   request = AgreementRequest(num_prompts=_NUM_PROMPTS.value,
                              prefix_lens=int_list(_PREFIX_LENS),
-                             new_tokens=_NEW_TOKENS.value)
+                             new_tokens=_NEW_TOKENS.value,
+                             batch_size=_BATCH_SIZE.value)
   run_agreement(_CONFIG.value, _WORKDIR.value, request, points=_POINTS.value,
                 eval_data=_EVAL_DATA.value, model=_MODEL.value, name=name)
 

@@ -3,7 +3,7 @@ r"""Perplexity against context length: every preset, one baseline pass.
   python -m experiments.context_curve --config=int4_g32_asym \
       --contexts=512,1024,2048,4096,8192 --points=int8,int4_g32_asym \
       --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw \
-      --workdir=runs/context_curve [--num_windows=4] [--scoring=last_256] \
+      --workdir=runs/context_curve [--num_windows=4 | 16,16,8,4,4] [--scoring=last_256] \
       [--model=NAME_OR_PATH] [--allow_beyond_trained] \
       [--config.eval.prefill_chunk=512]
 
@@ -38,8 +38,9 @@ _CONTEXTS = flags.DEFINE_list("contexts", [str(c) for c in DEFAULT_CONTEXTS],
 _POINTS = flags.DEFINE_list(
     "points", [], "presets / short specs (as experiments.sweep); default: "
     "the --config preset's cache")
-_NUM_WINDOWS = flags.DEFINE_integer(
-    "num_windows", 4, "windows per context, capped by what the text holds")
+_NUM_WINDOWS = flags.DEFINE_list(
+    "num_windows", ["4"], "windows per context, capped by what the text "
+    "holds: one count, or one per --contexts item (e.g. 16,16,8,4,4)")
 _SCORING = flags.DEFINE_string(
     "scoring", "last_256", "last_N (the last N predictions of every window), "
     "second_half or all")
@@ -48,13 +49,18 @@ _ALLOW_BEYOND = flags.DEFINE_bool(
     "evaluate contexts above the model's max_position_embeddings")
 
 
+def _num_windows():
+  counts = int_list(_NUM_WINDOWS)
+  return counts[0] if len(counts) == 1 else counts
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   name = preset_name()
   request = CurveRequest(contexts=int_list(_CONTEXTS),
                          points=tuple(_POINTS.value),
-                         num_windows=_NUM_WINDOWS.value,
+                         num_windows=_num_windows(),
                          scoring=_SCORING.value,
                          allow_beyond_trained=_ALLOW_BEYOND.value)
   run_context_curve(_CONFIG.value, _WORKDIR.value, request,

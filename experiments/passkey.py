@@ -4,6 +4,7 @@ r"""Passkey retrieval through a quantized KV cache, against the baseline.
       [--model=NAME_OR_PATH] [--contexts=1024,2048,4096,8192]
       [--depths=0,25,50,75,100] [--keys_per_cell=5] [--filler=sentences|text]
       [--eval_data=FILE] [--answer_tokens=8] [--seed=0] [--workdir=DIR]
+      [--presets_on=all|baseline_correct]
       [--config.FIELD=...]
 
 A 5-digit key stated once inside filler text at each depth (percent of the
@@ -13,7 +14,9 @@ config.eval.prefill_chunk tokens, 512) and decode path; exact match of the
 key. The full-precision baseline runs first
 and is shared by every preset (--points, resolved as experiments.sweep
 does; default: the --config preset). Contexts above the model's
-max_position_embeddings are refused. Writes passkey.{csv,json}, a heatmap
+max_position_embeddings are refused. With the sentence filler the filler
+before the key is prefilled once per context and chunk and shared by the
+prompts (bit-identical to prefilling each from scratch). Writes passkey.{csv,json}, a heatmap
 PNG per preset beside the baseline's, summary.md and config.json to
 --workdir (default runs/passkey). Details: kvq_jax/longctx/passkey.py.
 """
@@ -23,7 +26,8 @@ from absl import flags
 
 from kvq_jax.experiment.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.experiment.data_flags import DEFINE_data_flags, int_list
-from kvq_jax.longctx.passkey import FILLERS, PasskeyRequest, run_passkey
+from kvq_jax.longctx.passkey import (FILLERS, PRESETS_ON, PasskeyRequest,
+                                     run_passkey)
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/passkey", "output directory")
@@ -42,6 +46,9 @@ _FILLER = flags.DEFINE_enum("filler", "sentences", list(FILLERS),
 _ANSWER_TOKENS = flags.DEFINE_integer("answer_tokens", 8,
                                       "greedy tokens decoded for the answer")
 _SEED = flags.DEFINE_integer("seed", 0, "seed of the keys")
+_PRESETS_ON = flags.DEFINE_enum(
+    "presets_on", "all", list(PRESETS_ON), "presets answer every prompt, or "
+    "only those the baseline answers correctly (saves their prefill)")
 
 
 def main(argv):
@@ -52,7 +59,7 @@ def main(argv):
       contexts=int_list(_CONTEXTS),
       depths=int_list(_DEPTHS), keys_per_cell=_KEYS.value,
       filler=_FILLER.value, answer_tokens=_ANSWER_TOKENS.value,
-      seed=_SEED.value)
+      seed=_SEED.value, presets_on=_PRESETS_ON.value)
   run_passkey(_CONFIG.value, _WORKDIR.value, request, points=_POINTS.value,
               eval_data=_EVAL_DATA.value, model=_MODEL.value, name=name)
 

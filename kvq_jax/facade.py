@@ -141,8 +141,9 @@ def _one_window_chunked(graphdef, spec: CacheSpec | None,
   entirely before position T - keep return no logits, the others return
   theirs ([chunk, V] each, at most keep + chunk - 1 positions in all); the
   short last chunk is one more call. Peak memory is therefore the cache,
-  one chunk's activations (the dense cache's attention logits are
-  [1, K, G, chunk, T] float32) and the kept logits: never a [T, T] matrix
+  one chunk's activations (attention reads the cache block by block: the
+  dense cache's scores are [1, K, G, chunk, 512] float32 per block,
+  `cache.dense.ATTENTION_BLOCK`) and the kept logits: never a [T, T] matrix
   or [T, V] logits for T > chunk + keep.
   """
   t = tokens_T.shape[0]
@@ -242,6 +243,15 @@ def _jitted_chunked(graphdef, spec: CacheSpec | None, dtype_name: str,
                     chunk: int, keep: int | None):
   return jax.jit(windows_chunked_prefill_fn(graphdef, spec, dtype_name, chunk,
                                             keep))
+
+
+def clear_compiled_windows() -> None:
+  """Drops every compiled window program (`window_forward`,
+  `chunked_window_forward`, and JAX's own caches); the next call compiles
+  again. For runs whose shapes never recur (each context of a curve)."""
+  _jitted.cache_clear()
+  _jitted_chunked.cache_clear()
+  jax.clear_caches()
 
 
 def chunked_window_forward(model: LoadedModel, spec: CacheSpec | None = None,

@@ -140,6 +140,55 @@ def block_attention(q_BxKxGxTxH: jax.Array, k_BxKxLxH: jax.Array,
   return m, jnp.sum(p, axis=-1), acc
 
 
+def causal_blockwise_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array,
+                               v_BxSxKxH: jax.Array, length_B: jax.Array,
+                               block: int) -> jax.Array:
+  """`gqa_attention` under `attention_mask(length_B, T, S)`, read block by
+  block.
+
+  The S slots (slot == token index) are read `block` at a time with an
+  online softmax (`block_attention` / `merge_states`), and only up to the
+  longest filled length in the batch, max(length_B) + T, so the work grows
+  with the tokens held, not with the capacity, and no [T, S] score matrix is
+  built. Same math as the one-shot softmax (equal up to float rounding).
+  """
+  b, t, n, h = q_BxTxNxH.shape
+  s, num_kv = k_BxSxKxH.shape[1], k_BxSxKxH.shape[2]
+  if n % num_kv:
+    raise ValueError(
+        f"causal_blockwise_attention: q has N={n} heads, not a multiple of "
+        f"the K={num_kv} key/value heads.")
+  block = min(block, s)
+  compute_dtype = q_BxTxNxH.dtype
+  q_BxKxGxTxH = jnp.moveaxis(
+      (q_BxTxNxH * jnp.asarray(h ** -0.5, compute_dtype)).reshape(
+          b, t, num_kv, n // num_kv, h), 1, 3)
+  last_BxT = (length_B.astype(jnp.int32)[:, None]
+              + jnp.arange(t, dtype=jnp.int32)[None, :])
+
+  def body(index, state):
+    # The last block may overlap the one before it (S not a multiple of
+    # `block`): slots before index * block were already read.
+    start = jnp.minimum(index * block, s - block)
+    kb, vb = (jnp.swapaxes(jax.lax.dynamic_slice_in_dim(x, start, block, 1),
+                           1, 2).astype(compute_dtype)
+              for x in (k_BxSxKxH, v_BxSxKxH))
+    tok_L = start + jnp.arange(block, dtype=jnp.int32)
+    mask_BxTxL = ((tok_L[None, None, :] <= last_BxT[:, :, None])
+                  & (tok_L >= index * block)[None, None, :])
+    return merge_states(state, block_attention(q_BxKxGxTxH, kb, vb,
+                                               mask_BxTxL))
+
+  shape = (b, num_kv, n // num_kv, t)
+  state = (jnp.full(shape, MASK_VALUE, jnp.float32),
+           jnp.zeros(shape, jnp.float32), jnp.zeros(shape + (h,), jnp.float32))
+  filled = jnp.minimum((jnp.max(last_BxT) + block) // block, -(-s // block))
+  _, l, acc = jax.lax.fori_loop(0, filled, body, state)
+  out_BxKxGxTxH = acc / l[..., None]
+  return jnp.moveaxis(out_BxKxGxTxH, 3, 1).reshape(b, t, n, h).astype(
+      compute_dtype)
+
+
 def merge_states(a, b):
   """Log-sum-exp merge of two partial softmax states (`block_attention`)."""
   m_a, l_a, acc_a = a

@@ -11,10 +11,15 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from kvq_jax.cache.attention import attention_mask, gqa_attention
+from kvq_jax.cache.attention import (attention_mask,
+                                     causal_blockwise_attention,
+                                     gqa_attention)
 from kvq_jax.models.rope import Rope
 
 _ALLOWED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+# A cache of more slots than this is read block by block, up to the tokens
+# it holds (`causal_blockwise_attention`); a smaller one in one softmax.
+ATTENTION_BLOCK = 512
 
 
 def write_slots(buffer_BxSxKxH: jax.Array, new_BxTxKxH: jax.Array,
@@ -80,11 +85,19 @@ def write_and_attend(cache, q_BxTxNxH: jax.Array, k_BxTxKxH: jax.Array,
   """Stores K (already rotated) / V at slots [length_b, length_b + T) of a
   dense-layout cache (fields k_BxSxKxH, v_BxSxKxH, length_B, capacity), then
   attends over every slot (only the last `window` tokens of each query with
-  a sliding window); returns (out_BxTxNxH, the updated cache)."""
+  a sliding window); returns (out_BxTxNxH, the updated cache). Without a
+  window, a cache of more than ATTENTION_BLOCK slots is read block by block
+  up to the tokens it holds, so a step costs what the cache holds, not its
+  capacity."""
   num_new = q_BxTxNxH.shape[1]
   k_all = write_slots(cache.k_BxSxKxH, k_BxTxKxH, cache.length_B)
   v_all = write_slots(cache.v_BxSxKxH, v_BxTxKxH, cache.length_B)
-  mask_BxTxS = attention_mask(cache.length_B, num_new, cache.capacity, window)
-  out_BxTxNxH = gqa_attention(q_BxTxNxH, k_all, v_all, mask_BxTxS)
+  if window is None and cache.capacity > ATTENTION_BLOCK:
+    out_BxTxNxH = causal_blockwise_attention(
+        q_BxTxNxH, k_all, v_all, cache.length_B, ATTENTION_BLOCK)
+  else:
+    mask_BxTxS = attention_mask(cache.length_B, num_new, cache.capacity,
+                                window)
+    out_BxTxNxH = gqa_attention(q_BxTxNxH, k_all, v_all, mask_BxTxS)
   return out_BxTxNxH, cache.replace(k_BxSxKxH=k_all, v_BxSxKxH=v_all,
                                     length_B=cache.length_B + num_new)

@@ -1,4 +1,5 @@
-"""Wall-clock timing of jitted functions and a one-line machine description."""
+"""Wall-clock timing of jitted functions and a one-line machine description
+(`peak_rss_gib` is re-exported from `process_memory`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import time
 from typing import Any, Callable
 
 import jax
+
+from kvq_jax.experiment.process_memory import peak_rss_gib  # pylint: disable=unused-import (re-exported)
 
 
 def time_fn(fn: Callable[..., Any], *args: Any, repeats: int = 10,
@@ -41,9 +44,3 @@ def machine_description() -> str:
   return (f"processor: {processor}; system: {uname.system} {uname.release} "
           f"({uname.machine}); cpus: {os.cpu_count()}; jax {jax.__version__} "
           f"devices: [{devices}]")
-
-
-def peak_rss_gib() -> float:
-  """Peak resident set size of this process so far, GiB (Linux ru_maxrss)."""
-  import resource  # pylint: disable=g-import-not-at-top (POSIX only)
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

@@ -8,7 +8,9 @@ text, `prefix_len` tokens each (BOS first where the tokenizer wants one:
 1. The baseline (full-precision cache) prefills the prompt in chunks of
    `config.eval.prefill_chunk` tokens (512) and greedy-decodes `new_tokens`
    tokens, one `Runtime.decode` per token (`longctx.decoding`), keeping the
-   next-token logits of every step.
+   next-token logits of every step. Prompts run in batches of
+   `batch_size` (16: one batch of the default 16 prompts), the same batches
+   for every cache, so a decode step reads the weights once per batch.
 2. Every preset prefills the same prompt into its own quantized cache and
    is then **teacher-forced** along the baseline's continuation: step i
    feeds the baseline's token i into the preset's cache, whatever the
@@ -72,9 +74,13 @@ class AgreementRequest:
   new_tokens: int = 128
   # Tokens per prefill call; None: the config's eval.prefill_chunk.
   prefill_chunk: int | None = None
+  # Prompts prefilled and decoded together (the same batches for the
+  # baseline and every preset).
+  batch_size: int = 16
 
   def __post_init__(self):
     decoding.positive_int(self.num_prompts, "--num_prompts")
+    decoding.positive_int(self.batch_size, "--batch_size")
     object.__setattr__(self, "prefix_lens", decoding.positive_ints(
         self.prefix_lens, "--prefix_lens"))
     decoding.positive_int(self.new_tokens, "--new_tokens")
@@ -160,7 +166,8 @@ def measure(runtime: Runtime, prompts: dict[int, np.ndarray],
             progress: Callable[[int, int], None] | None = None
             ) -> tuple[dict[tuple[str, int], list[PromptComparison]],
                        dict[int, list[np.ndarray]]]:
-  """Baseline greedy decode, then every preset teacher-forced, per prompt.
+  """Baseline greedy decode, then every preset teacher-forced, per batch of
+  `request.batch_size` prompts.
 
   Returns ({(preset, prefix_len): one comparison per prompt},
   {prefix_len: the baseline's continuations}). A preset with spec None is
@@ -173,20 +180,23 @@ def measure(runtime: Runtime, prompts: dict[int, np.ndarray],
   total = sum(p.shape[0] for p in prompts.values()) * (1 + len(presets))
   done = 0
   for length, prompts_PxT in prompts.items():
-    for prompt_T in prompts_PxT:
-      base = decoding.run_sequence(runtime, None, cache_dtype, prompt_T,
-                                   request.new_tokens, chunk=chunk)
-      continuations[length].append(base.argmax_N)
-      done += 1
+    for start in range(0, prompts_PxT.shape[0], request.batch_size):
+      batch_BxT = prompts_PxT[start:start + request.batch_size]
+      base = decoding.run_rows(runtime, None, cache_dtype, batch_BxT,
+                               request.new_tokens, chunk=chunk)
+      continuations[length] += [steps.argmax_N for steps in base]
+      done += len(base)
       if progress:
         progress(done, total)
+      forced_BxN = np.stack([steps.argmax_N[:-1] for steps in base])
       for name, spec in presets:
-        forced = decoding.run_sequence(
-            runtime, spec, cache_dtype, prompt_T, request.new_tokens,
-            forced_N=base.argmax_N[:-1], chunk=chunk)
-        results[(name, length)].append(
-            compare_steps(base, forced, int(prompt_T[-1])))
-        done += 1
+        forced = decoding.run_rows(runtime, spec, cache_dtype, batch_BxT,
+                                   request.new_tokens, forced_BxN,
+                                   chunk=chunk)
+        results[(name, length)] += [
+            compare_steps(b, f, int(prompt_T[-1]))
+            for b, f, prompt_T in zip(base, forced, batch_BxT)]
+        done += len(base)
         if progress:
           progress(done, total)
   return results, continuations
@@ -235,7 +245,8 @@ def summary_markdown(rows: Sequence[dict], header: dict, info: dict,
       f"{request.num_prompts} prompts per prefix length from "
       f"{header['eval_data']}, {request.new_tokens} greedy tokens each "
       "(prefill in chunks of "
-      f"{request.prefill_chunk}, then one decode step per token). KL is "
+      f"{request.prefill_chunk}, then one decode step per token; "
+      f"batches of {request.batch_size} prompts). KL is "
       "KL(baseline || preset) in nats per step, the preset teacher-forced "
       "along the baseline's continuation; divergence counts the identical "
       f"tokens before the preset's greedy choice first differs "

@@ -40,8 +40,12 @@ from kvq_jax.eval.windows import (logits_needed, make_windows, scored_mask,
 from kvq_jax.experiment import memory
 from kvq_jax.experiment.progress import ProgressBar
 from kvq_jax.experiment.settings import settings_from_config
-from kvq_jax.experiment.timing import machine_description, peak_rss_gib
-from kvq_jax.facade import chunked_window_forward, load_model
+from kvq_jax.experiment.process_memory import (peak_rss_gib,
+                                               release_freed_memory,
+                                               reset_peak_rss)
+from kvq_jax.experiment.timing import machine_description
+from kvq_jax.facade import (chunked_window_forward, clear_compiled_windows,
+                            load_model)
 from kvq_jax.longctx.curve_plot import curve_plot
 from kvq_jax.longctx.curve_table import summary_markdown, write_csv
 from kvq_jax.sweep.grid import SweepPoint
@@ -59,7 +63,9 @@ class CurveRequest:
     contexts: window lengths L (tokens, BOS included), each >= 2.
     points: `--points` items (presets or short specs, `sweep.points`);
       empty/None evaluates the --config preset's own cache as `name`.
-    num_windows: windows per L (>= 1), capped by what the text holds.
+    num_windows: windows per L (>= 1), capped by what the text holds: one
+      count for every L, or one per L in the order of `contexts` (e.g.
+      16,16,8,4,4 for equal compute at short and long L).
     scoring: 'last_N' (N <= L - 1 at every L), 'second_half' or 'all'.
     allow_beyond_trained: evaluate contexts above the model's
       `max_position_embeddings` (refused otherwise).
@@ -67,7 +73,7 @@ class CurveRequest:
 
   contexts: Sequence[int] = DEFAULT_CONTEXTS
   points: str | Sequence[str] | None = None
-  num_windows: int = 4
+  num_windows: int | Sequence[int] = 4
   scoring: str = "last_256"
   allow_beyond_trained: bool = False
 
@@ -124,16 +130,28 @@ class _Context:
   keep: int  # Logits positions each forward returns (the last ones).
 
 
+def windows_per_context(contexts: Sequence[int],
+                        num_windows: int | Sequence[int]) -> dict[int, int]:
+  """{L: windows requested}: one count for every L, or one per L in the
+  order of `contexts`; ValueError otherwise."""
+  counts = ([num_windows] * len(contexts) if isinstance(num_windows, int)
+            else list(num_windows))
+  if len(counts) != len(contexts) or any(
+      isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
+    raise ValueError(
+        f"--num_windows={num_windows!r}: allowed: one integer >= 1, or one "
+        f"per context ({len(contexts)} here, in the order of --contexts); "
+        "capped by what the text holds.")
+  return dict(zip(contexts, counts))
+
+
 def _prepare(contexts: Sequence[int], ids: np.ndarray, bos_id: int | None,
-             num_windows: int, scoring: str) -> list[_Context]:
+             requested: dict[int, int], scoring: str) -> list[_Context]:
   """Windows and masks for every L, before anything is evaluated (a text
   too short for the longest L fails at once, not after the others)."""
-  if isinstance(num_windows, bool) or not isinstance(num_windows, int) \
-      or num_windows < 1:
-    raise ValueError(f"--num_windows={num_windows!r}: allowed: an integer "
-                     ">= 1 (capped by what the text holds).")
   out = []
   for length in contexts:
+    num_windows = requested[length]
     available = len(ids) // text_per_window(length, bos_id)
     # No whole window (available 0): make_windows raises, saying why.
     count = max(1, min(num_windows, available))
@@ -190,6 +208,7 @@ def run_context_curve(config: ml_collections.ConfigDict,
   model_name = model or settings.model
   lm = load_model(model_name, settings.dtype)
   cfg = lm.config
+  requested = windows_per_context(request.contexts, request.num_windows)
   contexts = check_contexts(request.contexts, cfg.max_position_embeddings,
                             request.allow_beyond_trained)
   points = _points(request, settings.cache_spec if settings.quantize else None,
@@ -198,8 +217,7 @@ def run_context_curve(config: ml_collections.ConfigDict,
     raise ValueError(f"context_curve: model {model_name!r} has no tokenizer.")
   text, data_description = load_eval_text(eval_data)
   ids, bos_id = text_ids(lm.tokenizer, text)
-  prepared = _prepare(contexts, ids, bos_id, request.num_windows,
-                      request.scoring)
+  prepared = _prepare(contexts, ids, bos_id, requested, request.scoring)
   chunk, cache_dtype = settings.eval.prefill_chunk, settings.cache_dtype
   logging.info("context_curve: %d points at contexts %s, prefill chunks of "
                "%d, scoring %s", len(points), ",".join(map(str, contexts)),
@@ -207,7 +225,13 @@ def run_context_curve(config: ml_collections.ConfigDict,
   progress = _TokenProgress(prepared)
   rows, baseline = [], []
   started_all = time.perf_counter()
+  peak_overall = peak_rss_gib()  # Model load included.
   for ctx in prepared:
+    # Each context's programs never run again: drop them and the freed
+    # heap, so the context's peak RSS is its own, not the run's history.
+    clear_compiled_windows()
+    release_freed_memory()
+    reset_peak_rss()
     seconds: dict = {}
     base_fn = _Timed(chunked_window_forward(lm, None, chunk=chunk,
                                             keep=ctx.keep), seconds, None)
@@ -220,6 +244,7 @@ def run_context_curve(config: ml_collections.ConfigDict,
                             batch_size=settings.eval.batch_size,
                             progress=progress.at(ctx), tail=ctx.keep)
     rss = peak_rss_gib()
+    peak_overall = max(peak_overall, rss)
     first = results[points[0].name]
     baseline.append({
         "context": ctx.length, "ppl": first.baseline.ppl,
@@ -234,13 +259,13 @@ def run_context_curve(config: ml_collections.ConfigDict,
   meta = {
       "model": model_name, "eval_data": data_description,
       "scoring": request.scoring, "prefill_chunk": chunk,
-      "contexts": list(contexts), "num_windows_requested": request.num_windows,
+      "contexts": list(contexts), "num_windows_requested": [requested[c] for c in contexts],
       "max_position_embeddings": cfg.max_position_embeddings,
       "allow_beyond_trained": request.allow_beyond_trained,
       "bos": bos_id is not None, "cache_dtype": cache_dtype,
       "dtype": settings.dtype, "batch_size": settings.eval.batch_size,
       "baseline_passes": "one per window per context, shared by every point",
-      "eval_seconds": total_seconds, "peak_rss_gib": peak_rss_gib(),
+      "eval_seconds": total_seconds, "peak_rss_gib": peak_overall,
       "machine": machine_description(), "python": platform.python_version()}
   _write(pathlib.Path(workdir), config, model_name, meta, baseline, rows)
   return rows

@@ -12,7 +12,8 @@ from kvq_jax.eval.uncertainty_format import (describe_delta_ci,
 # Paired statistics (`eval.paired`) come from EvalResult.metrics under these
 # names; `seconds` is the point's own forward at that context (compilation
 # included), `baseline_seconds` the shared baseline's, `peak_rss_gib` the
-# process's peak after that context.
+# process's peak while evaluating that context (all its caches; the
+# resident model included; `experiment.process_memory`).
 COLUMNS = (
     "name", "source", "context", "num_windows", "num_scored_tokens",
     "scoring", "prefill_chunk", "bits_per_element", "stored_bits_per_element",
@@ -84,8 +85,10 @@ def summary_markdown(meta: dict, baseline: list[dict], rows: list[dict]
       "eff. bits: effective bits per cached K/V element at that context "
       "(codes, scales, zeros and every full-precision token charged). "
       "seconds: wall time of that cache's forward passes at that context, "
-      "compilation included. peak RSS: the process's peak so far, after that "
-      "context (model load included).", "",
+      "compilation included. peak RSS: the process's peak while evaluating "
+      "that context (every cache at that context, the resident model "
+      "included; the previous context's compiled programs and freed heap "
+      "released first).", "",
       f"total evaluation: {meta['eval_seconds']:.1f} s, peak RSS "
       f"{meta['peak_rss_gib']:.2f} GiB", "",
       f"machine: {meta['machine']}", ""]

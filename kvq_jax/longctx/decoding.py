@@ -1,4 +1,4 @@
-"""Prefill and step-by-step decode through a (quantized) cache, batch 1.
+"""Prefill and step-by-step decode through a (quantized) cache.
 
 Shared by the passkey and decode-agreement experiments. Every sequence runs
 through the real serving path, `models.runtime.Runtime`: the prompt is
@@ -6,11 +6,15 @@ prefilled in chunks (`config.eval.prefill_chunk`, `PREFILL_CHUNK` = 512
 tokens by default), so a long context never materialises [T, T] attention
 scores or [T, V] logits for the whole prompt; then one `Runtime.decode`
 call per generated token, each reading the cache the previous call wrote.
-Sequences run one at a time (batch 1), like the evaluation windows: XLA:CPU
-rounds differently for different batch shapes, and a quantized cache turns
-such ulps into code flips, so a result depends on its own prompt only.
+Passkey prompts run one at a time (batch 1), like the evaluation windows:
+XLA:CPU rounds differently for different batch shapes, and a quantized cache
+turns such ulps into code flips, so a result depends on its own prompt only.
+The agreement experiment decodes its prompts in batches (`run_rows`; one
+decode step then reads the weights once for B tokens), the same batches for
+the baseline and every preset, so each comparison is still on identical
+shapes.
 
-`step_through` is the one decode loop: greedy (feed back the argmax) or
+`step_rows` is the one decode loop: greedy (feed back the argmax) or
 teacher-forced (feed given tokens), the only difference being which token
 goes into the next step.
 """
@@ -22,6 +26,7 @@ import dataclasses
 import os
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -123,26 +128,110 @@ def prefill_chunked(runtime: Runtime, cache: Sequence[LayerCache],
   """Prefills `prompt_T` chunk by chunk; returns (logits [V] of the last
   prompt token, float32 numpy, and the cache holding the whole prompt).
 
-  Every chunk but the last has `chunk` tokens, so prompts of one length
-  share two compiled programs. The cache argument is donated.
+  `prefill_rows` for one sequence. The cache argument is donated.
   """
   prompt_T = np.asarray(prompt_T, np.int32)
   if prompt_T.ndim != 1 or prompt_T.size == 0:
     raise ValueError(f"prefill_chunked: prompt of shape {prompt_T.shape}; "
                      "allowed: a non-empty 1-D array of token ids.")
+  logits_1xV, cache = prefill_rows(runtime, cache, prompt_T[None], chunk)
+  return logits_1xV[0], cache
+
+
+def prefill_rows(runtime: Runtime, cache: Sequence[LayerCache],
+                 prompts_BxT: np.ndarray, chunk: int = PREFILL_CHUNK
+                 ) -> tuple[np.ndarray, list[LayerCache]]:
+  """Prefills B prompts of one length together, chunk by chunk; returns
+  (float32 logits [B, V] of each prompt's last token, the cache).
+
+  Every chunk but the last has `chunk` tokens, so prompts of one length
+  share two compiled programs; the output head runs on each chunk's last
+  position only (`Runtime.prefill_last`). The cache argument is donated.
+  """
+  prompts_BxT = np.asarray(prompts_BxT, np.int32)
+  if prompts_BxT.ndim != 2 or prompts_BxT.size == 0:
+    raise ValueError(f"prefill_rows: prompts of shape {prompts_BxT.shape}; "
+                     "allowed: a non-empty [B, T] array of token ids.")
   if chunk < 1:
-    raise ValueError(f"prefill_chunked: chunk={chunk}; allowed: >= 1.")
+    raise ValueError(f"prefill_rows: chunk={chunk}; allowed: >= 1.")
   cache = list(cache)
-  logits_1xTxV = None
-  for start in range(0, prompt_T.size, chunk):
-    piece_1xT = prompt_T[None, start:start + chunk]
-    logits_1xTxV, cache = runtime.prefill(piece_1xT, cache)
-  return np.asarray(logits_1xTxV[0, -1], np.float32), cache
+  logits_BxV = None
+  for start in range(0, prompts_BxT.shape[1], chunk):
+    logits_BxV, cache = runtime.prefill_last(
+        prompts_BxT[:, start:start + chunk], cache)
+  return np.asarray(logits_BxV, np.float32), cache
+
+
+class SharedPrefill:
+  """Chunked prefill that computes a prefix shared by successive prompts once.
+
+  `prefill_chunked` writes the cache chunk by chunk, and the cache after
+  chunk k depends only on the tokens of chunks 0..k (and on the capacity and
+  the spec). So a prompt whose first k * chunk tokens are those of the
+  *trunk* (a cache kept at a chunk boundary) resumes from a copy of it: the
+  same compiled programs on the same inputs, hence the same cache, logits
+  and answers as prefilling it from scratch, bit for bit.
+
+  `prefill(prompt_T, shared_len)`: the first `shared_len` tokens of this
+  prompt are ones the next prompts will share (the passkey filler before
+  the key). The trunk is restarted when it no longer matches the prompt (or
+  the capacity changes), advanced with this prompt's tokens to the last
+  chunk boundary <= shared_len, copied, and the prompt's remaining chunks
+  run on the copy. Prompts sorted by shared length in a group that really
+  shares its prefix pay each shared chunk once. `chunks_run` counts the
+  prefill calls made (trunk and prompts).
+  """
+
+  def __init__(self, runtime: Runtime, spec: CacheSpec | None,
+               cache_dtype: str, chunk: int = PREFILL_CHUNK):
+    if chunk < 1:
+      raise ValueError(f"SharedPrefill: chunk={chunk}; allowed: >= 1.")
+    self._runtime, self._spec = runtime, spec
+    self._dtype, self._chunk = cache_dtype, chunk
+    self._trunk = None
+    self._trunk_ids = np.zeros(0, np.int32)
+    self._capacity = -1
+    self.chunks_run = 0
+
+  def _run(self, cache, ids_T: np.ndarray):
+    logits_1xV = None
+    for start in range(0, ids_T.size, self._chunk):
+      logits_1xV, cache = self._runtime.prefill_last(
+          ids_T[None, start:start + self._chunk], cache)
+      self.chunks_run += 1
+    return logits_1xV, cache
+
+  def prefill(self, prompt_T: np.ndarray, shared_len: int, capacity: int
+              ) -> tuple[np.ndarray, list[LayerCache]]:
+    """(logits [V] of the last prompt token, the cache holding the prompt);
+    the cache has `capacity` slots (>= the prompt's length)."""
+    prompt_T = np.asarray(prompt_T, np.int32)
+    if prompt_T.ndim != 1 or prompt_T.size == 0 or capacity < prompt_T.size:
+      raise ValueError(
+          f"SharedPrefill.prefill: prompt of shape {prompt_T.shape}, "
+          f"capacity {capacity}; allowed: a non-empty 1-D prompt and a "
+          "capacity >= its length.")
+    held = self._trunk_ids.size
+    if (capacity != self._capacity or self._trunk is None
+        or not np.array_equal(self._trunk_ids, prompt_T[:held])):
+      self._trunk = new_cache(self._runtime, self._spec, capacity,
+                              self._dtype)
+      self._trunk_ids, self._capacity, held = prompt_T[:0], capacity, 0
+    # Never the whole prompt: its last chunk must run for its logits.
+    boundary = min(max(shared_len, 0), prompt_T.size - 1)
+    boundary -= boundary % self._chunk
+    if boundary > held:
+      _, self._trunk = self._run(self._trunk, prompt_T[held:boundary])
+      self._trunk_ids = prompt_T[:boundary].copy()
+      held = boundary
+    cache = jax.tree.map(jnp.copy, self._trunk)
+    logits_1xV, cache = self._run(cache, prompt_T[held:])
+    return np.asarray(logits_1xV[0], np.float32), cache
 
 
 @dataclasses.dataclass(frozen=True)
 class Steps:
-  """What `step_through` saw at every decode step.
+  """What `step_through` saw at every decode step of one sequence.
 
   logits_NxV[i] is the next-token distribution (float32 logits) at step i
   (step 0: from the prompt's last token); argmax_N[i] its greedy choice;
@@ -160,42 +249,59 @@ def step_through(runtime: Runtime, cache: Sequence[LayerCache],
                  first_logits_V: np.ndarray, num_steps: int,
                  forced_N: Sequence[int] | None = None, *,
                  keep_logits: bool = True) -> Steps:
-  """Decodes `num_steps` tokens one `Runtime.decode` call at a time.
+  """`step_rows` for one sequence (first_logits_V [V], forced_N [>= N-1])."""
+  forced = None if forced_N is None else np.asarray(forced_N)[None]
+  return step_rows(runtime, cache, np.asarray(first_logits_V)[None],
+                   num_steps, forced, keep_logits=keep_logits)[0]
 
-  Greedy when `forced_N` is None (each step feeds its own argmax back);
-  teacher-forced otherwise: step i feeds `forced_N[i]` whatever the model
-  would have chosen, so two caches compared this way see identical token
-  prefixes. End-of-sequence tokens do not stop the loop (a fixed number of
-  steps keeps every comparison the same length). The cache argument is
-  donated; it needs room for `num_steps - 1` more tokens. With
-  `keep_logits=False`, logits_NxV is empty ([0, V]).
+
+def step_rows(runtime: Runtime, cache: Sequence[LayerCache],
+              first_logits_BxV: np.ndarray, num_steps: int,
+              forced_BxN: np.ndarray | None = None, *,
+              keep_logits: bool = True) -> list[Steps]:
+  """Decodes `num_steps` tokens of B sequences, one `Runtime.decode` call
+  per step; returns one `Steps` per sequence.
+
+  Greedy when `forced_BxN` is None (each step feeds its own argmax back);
+  teacher-forced otherwise: step i feeds `forced_BxN[:, i]` whatever the
+  model would have chosen, so two caches compared this way see identical
+  token prefixes. End-of-sequence tokens do not stop the loop (a fixed
+  number of steps keeps every comparison the same length). The cache
+  argument is donated; it needs room for `num_steps - 1` more tokens. With
+  `keep_logits=False`, each logits_NxV is empty ([0, V]).
   """
+  logits_BxV = np.asarray(first_logits_BxV, np.float32)
+  b, vocab = logits_BxV.shape
   if num_steps < 1:
     raise ValueError(f"step_through: num_steps={num_steps}; allowed: >= 1.")
-  if forced_N is not None and len(forced_N) < num_steps - 1:
-    raise ValueError(
-        f"step_through: {len(forced_N)} forced tokens for {num_steps} steps; "
-        f"allowed: at least num_steps - 1 = {num_steps - 1}.")
+  if forced_BxN is not None:
+    forced_BxN = np.asarray(forced_BxN)
+    if forced_BxN.shape[0] != b or forced_BxN.shape[1] < num_steps - 1:
+      raise ValueError(
+          f"step_through: {forced_BxN.shape[1]} forced tokens for "
+          f"{num_steps} steps (shape {forced_BxN.shape}, {b} sequences); "
+          f"allowed: at least num_steps - 1 = {num_steps - 1} per sequence.")
   cache = list(cache)
-  logits_V = np.asarray(first_logits_V, np.float32)
   logits, argmax, fed = [], [], []
   for step in range(num_steps):
-    choice = int(np.argmax(logits_V))
-    argmax.append(choice)
+    choice_B = np.argmax(logits_BxV, axis=-1).astype(np.int32)
+    argmax.append(choice_B)
     if keep_logits:
-      logits.append(logits_V)
+      logits.append(logits_BxV)
     if step == num_steps - 1:
       break
-    token = choice if forced_N is None else int(forced_N[step])
-    fed.append(token)
-    logits_1xV, cache = runtime.decode(np.asarray([token], np.int32), cache)
-    logits_V = np.asarray(logits_1xV[0], np.float32)
-  vocab = logits_V.shape[-1]
-  return Steps(
-      logits_NxV=(np.stack(logits) if keep_logits
-                  else np.zeros((0, vocab), np.float32)),
-      argmax_N=np.asarray(argmax, np.int32),
-      fed_N=np.asarray(fed, np.int32))
+    token_B = (choice_B if forced_BxN is None
+               else forced_BxN[:, step].astype(np.int32))
+    fed.append(token_B)
+    logits_BxV, cache = runtime.decode(token_B, cache)
+    logits_BxV = np.asarray(logits_BxV, np.float32)
+  argmax_BxN = np.stack(argmax, axis=1)
+  fed_BxN = (np.stack(fed, axis=1) if fed
+             else np.zeros((b, 0), np.int32))
+  logits_BxNxV = (np.stack(logits, axis=1) if keep_logits
+                  else np.zeros((b, 0, vocab), np.float32))
+  return [Steps(logits_NxV=logits_BxNxV[i], argmax_N=argmax_BxN[i],
+                fed_N=fed_BxN[i]) for i in range(b)]
 
 
 def run_sequence(runtime: Runtime, spec: CacheSpec | None, cache_dtype: str,
@@ -203,13 +309,27 @@ def run_sequence(runtime: Runtime, spec: CacheSpec | None, cache_dtype: str,
                  forced_N: Sequence[int] | None = None, *,
                  chunk: int = PREFILL_CHUNK,
                  keep_logits: bool = True) -> Steps:
-  """A fresh cache of `spec`, the prompt prefilled in chunks, then
-  `step_through` (greedy, or teacher-forced with `forced_N`)."""
-  prompt_T = np.asarray(prompt_T, np.int32)
-  cache = new_cache(runtime, spec, prompt_T.size + num_steps, cache_dtype)
-  first_V, cache = prefill_chunked(runtime, cache, prompt_T, chunk)
-  return step_through(runtime, cache, first_V, num_steps, forced_N,
-                      keep_logits=keep_logits)
+  """`run_rows` for one prompt."""
+  forced = None if forced_N is None else np.asarray(forced_N)[None]
+  return run_rows(runtime, spec, cache_dtype, np.asarray(prompt_T)[None],
+                  num_steps, forced, chunk=chunk, keep_logits=keep_logits)[0]
+
+
+def run_rows(runtime: Runtime, spec: CacheSpec | None, cache_dtype: str,
+             prompts_BxT: np.ndarray, num_steps: int,
+             forced_BxN: np.ndarray | None = None, *,
+             chunk: int = PREFILL_CHUNK,
+             keep_logits: bool = True) -> list[Steps]:
+  """A fresh cache of `spec` for B prompts of one length, prefilled in
+  chunks (`prefill_rows`), then `step_rows` (greedy, or teacher-forced with
+  `forced_BxN`)."""
+  prompts_BxT = np.asarray(prompts_BxT, np.int32)
+  cache = init_cache(runtime.config, prompts_BxT.shape[0],
+                     prompts_BxT.shape[1] + num_steps, spec,
+                     jnp.dtype(cache_dtype))
+  first_BxV, cache = prefill_rows(runtime, cache, prompts_BxT, chunk)
+  return step_rows(runtime, cache, first_BxV, num_steps, forced_BxN,
+                   keep_logits=keep_logits)
 
 
 def resolved_config_json(config: ml_collections.ConfigDict,

@@ -23,7 +23,10 @@ j])`, so every preset answers the same prompts.
 The answer is greedy-decoded (`answer_tokens` tokens) through the cache
 under test with the real decode path (`longctx.decoding`: prefill in chunks
 of `config.eval.prefill_chunk` tokens, 512 by default, then one
-`Runtime.decode` per token). It is correct when the first run of digits in
+`Runtime.decode` per token); with the sentence filler the filler before
+the key is the same in every prompt of a context, so it is prefilled once
+per chunk and shared (`decoding.SharedPrefill`, bit-identical to a
+prefill from scratch). It is correct when the first run of digits in
 the decoded answer is exactly the key. The full-precision baseline runs
 first; a cell the baseline fails tells nothing about the cache, and
 `summary.md` says so.
@@ -69,6 +72,10 @@ FILLER_SENTENCES = (" The grass is green. The sky is blue. The sun is yellow. "
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = " What is the pass key? The pass key is"
 FILLERS = ("sentences", "text")
+# Which prompts the presets answer: every one, or only those the baseline
+# answers correctly (a prompt the baseline misses tells nothing about the
+# cache; skipping it saves its prefill).
+PRESETS_ON = ("all", "baseline_correct")
 SNAP_TOKENS = 48
 _SENTENCE_END = (".", "!", "?", "\n")
 _DIGITS = re.compile(r"\d+")
@@ -87,8 +94,12 @@ class PasskeyRequest:
   seed: int = 0
   # Tokens per prefill call; None: the config's eval.prefill_chunk.
   prefill_chunk: int | None = None
+  presets_on: str = "all"  # One of PRESETS_ON.
 
   def __post_init__(self):
+    if self.presets_on not in PRESETS_ON:
+      raise ValueError(f"--presets_on={self.presets_on!r}: allowed: "
+                       f"{', '.join(PRESETS_ON)}.")
     object.__setattr__(self, "contexts", decoding.positive_ints(
         self.contexts, "--contexts"))
     depths = tuple(self.depths)
@@ -286,15 +297,17 @@ def cell_rows(samples: Sequence[dict], presets: Sequence[str]
   rows = []
   for preset in presets:
     for context, depth in cells:
-      mine = by_key[(preset, context, depth)]
+      # Empty for a preset run only where the baseline is right
+      # (--presets_on=baseline_correct) in a cell the baseline fails.
+      mine = by_key.get((preset, context, depth), [])
       base = by_key[(decoding.BASELINE, context, depth)]
       base_ok = {s["index"] for s in base if s["correct"]}
       correct = sum(s["correct"] for s in mine)
       rows.append({
           "preset": preset, "context": context, "depth": depth,
-          "needle_depth": float(np.mean([s["needle_depth"] for s in mine])),
+          "needle_depth": float(np.mean([s["needle_depth"] for s in base])),
           "correct": correct, "total": len(mine),
-          "accuracy": correct / len(mine),
+          "accuracy": correct / len(mine) if mine else float("nan"),
           "baseline_correct": len(base_ok), "baseline_total": len(base),
           "baseline_accuracy": len(base_ok) / len(base),
           "both_correct": sum(s["correct"] and s["index"] in base_ok
@@ -336,7 +349,8 @@ def _cell_table(rows: Sequence[dict], preset: str,
       r = by_cell[(c, d)]
       failed = r["baseline_fails"] and preset != decoding.BASELINE
       mark = f" {DAGGER}" if failed else ""
-      cells.append(f"{r['correct']}/{r['total']}{mark}")
+      cells.append(f"{r['correct']}/{r['total']}{mark}" if r["total"]
+                   else "—")
     lines.append(f"| {c} | " + " | ".join(cells) + " |")
   return lines
 
@@ -353,6 +367,11 @@ def summary_markdown(rows: Sequence[dict], presets: Sequence[str],
       f"{request.prefill_chunk}, then one decode step per token.",
       "Cells: correct/total; rows: context (tokens, BOS included), columns: "
       "depth of the key sentence (percent of the filler).", ""]
+  if request.presets_on == "baseline_correct":
+    lines[-1:-1] = [
+        "Presets answer only the prompts the baseline answers correctly "
+        "(--presets_on=baseline_correct): a preset's k/n is k of those n; "
+        "— marks a cell where the baseline answers none."]
   lines += decoding.info_lines(info)
   failed = [r for r in rows
             if r["preset"] == decoding.BASELINE and r["baseline_fails"]]
@@ -380,6 +399,46 @@ def summary_markdown(rows: Sequence[dict], presets: Sequence[str],
   else:
     lines.append("The baseline answers every sample correctly.")
   return "\n".join(lines) + "\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Answers:
+  samples: list[dict]  # In the order of the prompts given.
+  chunks_run: int  # Prefill calls made (shared prefixes counted once).
+
+
+def _answer_all(runtime: Runtime, tokenizer, spec, cache_dtype: str,
+                prompts: Sequence[PasskeyPrompt], request: PasskeyRequest,
+                progress) -> _Answers:
+  """Every prompt's greedy answer through a fresh cache of `spec`.
+
+  Prompts run in (context, needle_start) order through one
+  `decoding.SharedPrefill`: the filler before the key is the same for
+  every prompt of a context with the sentence filler, so it is prefilled
+  once per chunk (bit-identical to prefilling each prompt from scratch).
+  """
+  prefill = decoding.SharedPrefill(runtime, spec, cache_dtype,
+                                   request.prefill_chunk)
+  order = sorted(range(len(prompts)), key=lambda i: (
+      prompts[i].context, prompts[i].needle_start, i))
+  by_index = {}
+  for done, i in enumerate(order, 1):
+    prompt = prompts[i]
+    first_V, cache = prefill.prefill(
+        prompt.ids_T, prompt.needle_start,
+        prompt.ids_T.size + request.answer_tokens)
+    steps = decoding.step_through(runtime, cache, first_V,
+                                  request.answer_tokens, keep_logits=False)
+    answer = tokenizer.decode(steps.argmax_N.tolist())
+    by_index[i] = {
+        "context": prompt.context, "depth": prompt.depth,
+        "index": prompt.index, "key": prompt.key,
+        "needle_start": prompt.needle_start,
+        "needle_depth": prompt.needle_depth, "answer": answer,
+        "correct": score_answer(answer, prompt.key)}
+    progress(done, len(prompts))
+  return _Answers([by_index[i] for i in range(len(prompts))],
+                  prefill.chunks_run)
 
 
 def run_passkey(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
@@ -422,21 +481,19 @@ def run_passkey(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
   logging.info("passkey: %d prompts x %d passes (baseline + %d presets)",
                len(prompts), len(passes), len(presets))
   bar = ProgressBar("passkey")
-  samples = []
+  samples, chunks_run = [], {}
   for preset, spec in passes:
-    for prompt in prompts:
-      steps = decoding.run_sequence(
-          runtime, spec, settings.cache_dtype, prompt.ids_T,
-          request.answer_tokens, chunk=request.prefill_chunk,
-          keep_logits=False)
-      answer = lm.tokenizer.decode(steps.argmax_N.tolist())
-      samples.append({
-          "preset": preset, "context": prompt.context, "depth": prompt.depth,
-          "index": prompt.index, "key": prompt.key,
-          "needle_start": prompt.needle_start,
-          "needle_depth": prompt.needle_depth, "answer": answer,
-          "correct": score_answer(answer, prompt.key)})
-      bar(len(samples), len(passes) * len(prompts))
+    todo = prompts
+    if preset != decoding.BASELINE and request.presets_on != "all":
+      base_ok = {(s["context"], s["depth"], s["index"]) for s in samples
+                 if s["preset"] == decoding.BASELINE and s["correct"]}
+      todo = [p for p in prompts
+              if (p.context, p.depth, p.index) in base_ok]
+    mine = _answer_all(runtime, lm.tokenizer, spec, settings.cache_dtype,
+                       todo, request, lambda done, n, before=len(samples):
+                       bar(before + done, len(passes) * len(prompts)))
+    samples += [dict(s, preset=preset) for s in mine.samples]
+    chunks_run[preset] = mine.chunks_run
   names = [p for p, _ in passes]
   rows = cell_rows(samples, names)
   info = decoding.run_info(time.perf_counter() - started,
@@ -449,6 +506,7 @@ def run_passkey(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
   decoding.write_csv(out / "passkey.csv", rows)
   (out / "passkey.json").write_text(json.dumps({
       **header, **dataclasses.asdict(request), "presets": names,
+      "prefill_chunks_run": chunks_run,
       "max_position_embeddings": lm.config.max_position_embeddings,
       **info, "rows": rows, "samples": samples}, indent=2) + "\n")
   title = f"{model_name}: passkey accuracy ({filler.description})"

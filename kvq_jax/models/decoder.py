@@ -88,6 +88,15 @@ class Decoder(nnx.Module):
   def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array,
                cache: Sequence[LayerCache]
                ) -> tuple[jax.Array, list[LayerCache]]:
+    """(float32 logits [B, T, V], the updated cache)."""
+    x_BxTxD, new_cache = self.hidden(tokens_BxT, positions_BxT, cache)
+    return self.logits(x_BxTxD), new_cache
+
+  def hidden(self, tokens_BxT: jax.Array, positions_BxT: jax.Array,
+             cache: Sequence[LayerCache]
+             ) -> tuple[jax.Array, list[LayerCache]]:
+    """(final-normed hidden states [B, T, D], the updated cache): the
+    forward pass without the output head."""
     name = type(self).__name__
     if len(cache) != self.config.num_layers:
       raise ValueError(
@@ -105,7 +114,11 @@ class Decoder(nnx.Module):
     for block, layer_cache in zip(self.layers, cache):
       x_BxTxD, layer_cache = block(x_BxTxD, positions_BxT, layer_cache)
       new_cache.append(layer_cache)
-    x_BxTxD = self.final_norm(x_BxTxD)
+    return self.final_norm(x_BxTxD), new_cache
+
+  def logits(self, x_BxTxD: jax.Array) -> jax.Array:
+    """The output head (soft-capped where the model does): float32
+    [B, T, V] from `hidden`'s states."""
     if self.lm_head is None:
       logits = jnp.einsum("btd,vd->btv", x_BxTxD,
                           self.embed[...].astype(self.dtype),
@@ -118,7 +131,7 @@ class Decoder(nnx.Module):
     cap = self.config.final_logit_softcapping
     if cap is not None:
       logits = cap * jnp.tanh(logits / cap)
-    return logits, new_cache
+    return logits
 
   def init_cache(self, batch_size: int, capacity: int,
                  dtype=None) -> list[LayerCache]:

@@ -43,6 +43,13 @@ def _forward(graphdef, state, tokens_BxT, cache, positions_BxT):
   return model(tokens_BxT, positions_BxT, cache)
 
 
+def _prefill_last(graphdef, state, tokens_BxT, cache):
+  model = nnx.merge(graphdef, state)
+  positions_BxT = _positions_from_cache(cache, tokens_BxT.shape[1])
+  x_BxTxD, new_cache = model.hidden(tokens_BxT, positions_BxT, cache)
+  return model.logits(x_BxTxD[:, -1:])[:, 0], new_cache
+
+
 def _decode(graphdef, state, token_B, cache, position_B):
   if position_B is None:
     positions_Bx1 = _positions_from_cache(cache, 1)
@@ -55,16 +62,19 @@ def _decode(graphdef, state, token_B, cache, position_B):
 
 @functools.lru_cache(maxsize=32)
 def jitted_steps(graphdef: nnx.GraphDef):
-  """(forward, decode) jitted for one model structure, cache donated.
+  """(forward, decode, prefill_last) jitted for one model structure, cache
+  donated.
 
   Hashing a GraphDef walks the whole module tree (tens of ms for 30 layers),
   so it is bound here once instead of being a static jit argument per call.
   Signatures: forward(state, tokens_BxT, cache, positions_BxT | None) and
-  decode(state, token_B, cache, position_B | None).
+  decode(state, token_B, cache, position_B | None),
+  prefill_last(state, tokens_BxT, cache).
   """
   forward = jax.jit(functools.partial(_forward, graphdef), donate_argnums=2)
   decode = jax.jit(functools.partial(_decode, graphdef), donate_argnums=2)
-  return forward, decode
+  last = jax.jit(functools.partial(_prefill_last, graphdef), donate_argnums=2)
+  return forward, decode, last
 
 
 class Runtime:
@@ -79,7 +89,8 @@ class Runtime:
     self.model = model
     self.config = model.config
     self.graphdef, self.state = nnx.split(model)
-    self.forward_fn, self.decode_fn = jitted_steps(self.graphdef)
+    self.forward_fn, self.decode_fn, self.prefill_last_fn = jitted_steps(
+        self.graphdef)
 
   def init_cache(self, batch_size: int, capacity: int,
                  dtype=None) -> list[LayerCache]:
@@ -101,6 +112,18 @@ class Runtime:
       positions_BxT = jnp.asarray(positions_BxT, jnp.int32)
       _check_positions(cache, positions_BxT)
     return self.forward_fn(self.state, tokens_BxT, list(cache), positions_BxT)
+
+  def prefill_last(self, tokens_BxT: jax.Array, cache: Sequence[LayerCache]
+                   ) -> tuple[jax.Array, list[LayerCache]]:
+    """Like `prefill` (positions length_b + [0, T)), returning only the last
+    position's float32 logits [B, V]: the output head runs on one position,
+    not T (what a chunked prompt prefill needs)."""
+    tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
+    if tokens_BxT.ndim != 2:
+      raise ValueError(
+          f"prefill_last: tokens must be [B, T]; got shape {tokens_BxT.shape}.")
+    check_capacity(cache, tokens_BxT.shape[1])
+    return self.prefill_last_fn(self.state, tokens_BxT, list(cache))
 
   def decode(self, token_B: jax.Array, cache: Sequence[LayerCache],
              position_B: jax.Array | None = None

@@ -193,3 +193,38 @@ def test_too_long_prefix_plus_decode_is_refused(setup, tmp_path,
                      "--new_tokens=14: 513 tokens exceed"):
     agreement.run_agreement(_config(), tmp_path / "out", request,
                             eval_data=str(text), model=str(model_dir))
+
+
+def test_batched_rows_match_one_prompt_at_a_time(setup):
+  """run_rows over a batch gives each prompt its batch-1 result (up to
+  float rounding), teacher forcing included."""
+  lm, *_, prompts = setup
+  runtime = Runtime(lm.decoder)
+  batch = prompts[40]
+  forced_BxN = (np.arange(2 * (NEW_TOKENS - 1), dtype=np.int32).reshape(
+      2, -1) * 5 + 3) % 50 + 3
+  rows = decoding.run_rows(runtime, None, "float32", batch, NEW_TOKENS,
+                           forced_BxN, chunk=CHUNK)
+  for b in range(2):
+    one = decoding.run_sequence(runtime, None, "float32", batch[b],
+                                NEW_TOKENS, forced_N=forced_BxN[b],
+                                chunk=CHUNK)
+    np.testing.assert_allclose(rows[b].logits_NxV, one.logits_NxV,
+                               atol=1e-4)
+    np.testing.assert_array_equal(rows[b].fed_N, forced_BxN[b])
+  # measure() in batches of one and of two: the same comparisons.
+  spec = _spec("int8")
+  _, _, _, request, _ = setup
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  one_at_a_time = dataclasses.replace(request, batch_size=1)
+  got = {}
+  for req in (request, one_at_a_time):
+    results, conts = agreement.measure(runtime, {40: batch},
+                                       [("int8", spec)], "float32", req)
+    got[req.batch_size] = (results[("int8", 40)], conts[40])
+  for a, b in zip(got[16][0], got[1][0]):
+    np.testing.assert_allclose(a.kl_N, b.kl_N, atol=1e-5)
+  for a, b in zip(got[16][1], got[1][1]):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match="--batch_size=0"):
+    agreement.AgreementRequest(batch_size=0)

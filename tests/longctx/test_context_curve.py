@@ -121,12 +121,22 @@ def test_contexts_checked_and_windows_capped():
   with pytest.raises(ValueError, match="repeats a length"):
     curve.check_contexts([32, 32], 512, False)
   ids = np.arange(100, dtype=np.int32)
-  short, long = curve._prepare([10, 40], ids, None, 4, "last_3")  # pylint: disable=protected-access
+  short, long = curve._prepare([10, 40], ids, None, {10: 4, 40: 4}, "last_3")  # pylint: disable=protected-access
   assert short.windows_WxL.shape == (4, 10)
   assert long.windows_WxL.shape == (2, 40)  # The text holds 2, not 4.
   assert long.keep == 4
   with pytest.raises(ValueError, match="fewer than one window"):
-    curve._prepare([200], ids, None, 4, "last_3")  # pylint: disable=protected-access
+    curve._prepare([200], ids, None, {200: 4}, "last_3")  # pylint: disable=protected-access
+
+
+def test_windows_per_context():
+  assert curve.windows_per_context((64, 32), 3) == {64: 3, 32: 3}
+  # One count per context, in the order given (before sorting).
+  assert curve.windows_per_context((64, 32), (2, 5)) == {64: 2, 32: 5}
+  for bad in ((1, 2, 3), (0, 2), 0, (True, 2)):
+    with pytest.raises(ValueError, match=r"--num_windows=.*allowed: one "
+                       r"integer >= 1, or one per context \(2 here"):
+      curve.windows_per_context((64, 32), bad)
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +171,7 @@ def test_tiny_end_to_end_curve(tiny_checkpoint, monkeypatch):
   out = root / "out"
   rows = curve.run_context_curve(
       _config(), out, curve.CurveRequest(
-          contexts=(64, 32), points="int8,int4_g32_asym", num_windows=2,
+          contexts=(64, 32), points="int8,int4_g32_asym", num_windows=(2, 2),
           scoring="last_16"),
       eval_data=str(text), model=str(model))
   assert [(r["name"], r["context"]) for r in rows] == [

@@ -186,3 +186,79 @@ def test_contexts_beyond_the_model_are_refused(model_dir, tmp_path,
     passkey.run_passkey(_config(), tmp_path / "out", request,
                         model=str(model_dir))
   assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("spec_name", [None, "kivi2"])
+def test_shared_prefill_is_bit_identical(model_dir, tmp_path, monkeypatch,
+                                         spec_name):
+  """Prompts resumed from the shared filler prefix get exactly the cache and
+  logits of a prefill from scratch, with fewer prefill calls."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from kvq_jax.facade import load_model  # pylint: disable=import-outside-toplevel
+  from kvq_jax.longctx import decoding  # pylint: disable=import-outside-toplevel
+  from kvq_jax.models.runtime import Runtime  # pylint: disable=import-outside-toplevel
+  from kvq_jax.sweep.points import parse_points  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path / "cache"))
+  lm = load_model(str(model_dir), "float32")
+  runtime = Runtime(lm.decoder)
+  spec = None if spec_name is None else parse_points(
+      [spec_name], None, head_dim=lm.config.head_dim,
+      num_layers=lm.config.num_layers)[0].spec
+  request = passkey.PasskeyRequest(contexts=(200,), depths=(0, 60, 100),
+                                   keys_per_cell=2, prefill_chunk=32)
+  filler = passkey.filler_source(lm.tokenizer, "sentences", None)
+  prompts = sorted(passkey.make_prompts(lm.tokenizer, filler, request),
+                   key=lambda p: p.needle_start)
+  shared = decoding.SharedPrefill(runtime, spec, "float32", chunk=32)
+  from_scratch = 0
+  for p in prompts:
+    capacity = p.ids_T.size + 3
+    got_V, got = shared.prefill(p.ids_T, p.needle_start, capacity)
+    want_V, want = decoding.prefill_chunked(
+        runtime, decoding.new_cache(runtime, spec, capacity, "float32"),
+        p.ids_T, 32)
+    from_scratch += -(-p.ids_T.size // 32)
+    np.testing.assert_array_equal(got_V, want_V)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert from_scratch == 6 * 7
+  # Depth 0 shares nothing past the task; depth 60: 3 chunks before the key
+  # (needle at ~118), depth 100: 5 (needle at ~171): the trunk runs 5 chunks
+  # once, the prompts 7 + 7 + 4 + 4 + 2 + 2.
+  assert shared.chunks_run == 5 + 26 < from_scratch
+  # A prompt that does not match the trunk restarts it (still exact).
+  other = np.asarray(prompts[-1].ids_T)[::-1].copy()
+  got_V, _ = shared.prefill(other, 150, 203)
+  want_V, _ = decoding.prefill_chunked(
+      runtime, decoding.new_cache(runtime, spec, 203, "float32"), other, 32)
+  np.testing.assert_array_equal(got_V, want_V)
+
+
+def test_presets_answer_only_baseline_correct_prompts(model_dir, tmp_path,
+                                                      monkeypatch):
+  monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path / "cache"))
+  # The tiny random model cannot retrieve: call key 0 of each cell right for
+  # every pass, so the baseline is right exactly on key 0.
+  answered = []
+
+  def score(answer, key):
+    answered.append(key)
+    return key in first_keys
+  first_keys = {passkey.passkey(0, 110, d, 0) for d in (0, 100)}
+  monkeypatch.setattr(passkey, "score_answer", score)
+  request = passkey.PasskeyRequest(contexts=(110,), depths=(0, 100),
+                                   keys_per_cell=3, answer_tokens=2,
+                                   prefill_chunk=55,
+                                   presets_on="baseline_correct")
+  out = passkey.run_passkey(_config(), tmp_path / "out", request,
+                            points="int8", model=str(model_dir))
+  assert len(answered) == 6 + 2  # The preset answered key 0 of each cell.
+  for r in out["rows"]:
+    if r["preset"] == "int8":
+      assert (r["correct"], r["total"], r["baseline_correct"]) == (1, 1, 1)
+  summary = (tmp_path / "out" / "summary.md").read_text()
+  assert "--presets_on=baseline_correct" in summary
+  assert "| 110 | 1/1 \u2020 | 1/1 \u2020 |" in summary
+  with pytest.raises(ValueError, match="--presets_on='some': allowed: all, "
+                     "baseline_correct"):
+    passkey.PasskeyRequest(presets_on="some")

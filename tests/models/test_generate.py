@@ -75,3 +75,20 @@ def test_rejects_bad_arguments(runtime, kwargs, field):
   args.update(kwargs)
   with pytest.raises(ValueError, match=field):
     generate(runtime, None, **args)
+
+
+def test_prefill_last_is_prefill_at_the_last_position(runtime):
+  seq = jnp.asarray([PROMPT * 3, PROMPT[::-1] * 3], jnp.int32)
+  logits, full_cache = runtime.prefill(seq, runtime.init_cache(2, 16))
+  last, cache = runtime.prefill_last(seq, runtime.init_cache(2, 16))
+  assert last.shape == (2, logits.shape[-1])
+  np.testing.assert_allclose(np.asarray(last), np.asarray(logits)[:, -1],
+                             rtol=1e-5, atol=1e-5)
+  for a, b in zip(full_cache, cache):
+    np.testing.assert_array_equal(np.asarray(a.k_BxSxKxH),
+                                  np.asarray(b.k_BxSxKxH))
+    np.testing.assert_array_equal(np.asarray(a.length_B),
+                                  np.asarray(b.length_B))
+  with pytest.raises(ValueError, match=r"prefill_last: tokens must be "
+                     r"\[B, T\]"):
+    runtime.prefill_last(jnp.asarray(PROMPT), runtime.init_cache(1, 8))
