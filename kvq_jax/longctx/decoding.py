@@ -117,9 +117,10 @@ def resolve_points(settings: ExperimentSettings, config_name: str,
 
 
 def new_cache(runtime: Runtime, spec: CacheSpec | None, capacity: int,
-              cache_dtype: str) -> list[LayerCache]:
-  """An empty batch-1 cache: full precision (`spec` None) or quantized."""
-  return init_cache(runtime.config, 1, capacity, spec, jnp.dtype(cache_dtype))
+              cache_dtype: str, batch_size: int = 1) -> list[LayerCache]:
+  """An empty cache: full precision (`spec` None) or quantized."""
+  return init_cache(runtime.config, batch_size, capacity, spec,
+                    jnp.dtype(cache_dtype))
 
 
 def prefill_chunked(runtime: Runtime, cache: Sequence[LayerCache],
@@ -194,12 +195,8 @@ class SharedPrefill:
     self.chunks_run = 0
 
   def _run(self, cache, ids_T: np.ndarray):
-    logits_1xV = None
-    for start in range(0, ids_T.size, self._chunk):
-      logits_1xV, cache = self._runtime.prefill_last(
-          ids_T[None, start:start + self._chunk], cache)
-      self.chunks_run += 1
-    return logits_1xV, cache
+    self.chunks_run += -(-ids_T.size // self._chunk)
+    return prefill_rows(self._runtime, cache, ids_T[None], self._chunk)
 
   def prefill(self, prompt_T: np.ndarray, shared_len: int, capacity: int
               ) -> tuple[np.ndarray, list[LayerCache]]:
@@ -226,7 +223,7 @@ class SharedPrefill:
       held = boundary
     cache = jax.tree.map(jnp.copy, self._trunk)
     logits_1xV, cache = self._run(cache, prompt_T[held:])
-    return np.asarray(logits_1xV[0], np.float32), cache
+    return logits_1xV[0], cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,9 +321,8 @@ def run_rows(runtime: Runtime, spec: CacheSpec | None, cache_dtype: str,
   chunks (`prefill_rows`), then `step_rows` (greedy, or teacher-forced with
   `forced_BxN`)."""
   prompts_BxT = np.asarray(prompts_BxT, np.int32)
-  cache = init_cache(runtime.config, prompts_BxT.shape[0],
-                     prompts_BxT.shape[1] + num_steps, spec,
-                     jnp.dtype(cache_dtype))
+  cache = new_cache(runtime, spec, prompts_BxT.shape[1] + num_steps,
+                    cache_dtype, batch_size=prompts_BxT.shape[0])
   first_BxV, cache = prefill_rows(runtime, cache, prompts_BxT, chunk)
   return step_rows(runtime, cache, first_BxV, num_steps, forced_BxN,
                    keep_logits=keep_logits)
