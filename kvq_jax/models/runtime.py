@@ -43,6 +43,17 @@ def _forward(graphdef, state, tokens_BxT, cache, positions_BxT):
   return model(tokens_BxT, positions_BxT, cache)
 
 
+def _chunk_tokens(tokens_BxT, cache: Sequence[LayerCache], what: str
+                  ) -> jax.Array:
+  """int32 [B, T] tokens that fit the cache (ValueError naming `what`)."""
+  tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
+  if tokens_BxT.ndim != 2:
+    raise ValueError(
+        f"{what}: tokens must be [B, T]; got shape {tokens_BxT.shape}.")
+  check_capacity(cache, tokens_BxT.shape[1])
+  return tokens_BxT
+
+
 def _prefill_last(graphdef, state, tokens_BxT, cache):
   model = nnx.merge(graphdef, state)
   positions_BxT = _positions_from_cache(cache, tokens_BxT.shape[1])
@@ -103,11 +114,7 @@ class Runtime:
 
     Returns float32 logits [B, T, V] and the cache with length + T.
     """
-    tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
-    if tokens_BxT.ndim != 2:
-      raise ValueError(
-          f"prefill: tokens must be [B, T]; got shape {tokens_BxT.shape}.")
-    check_capacity(cache, tokens_BxT.shape[1])
+    tokens_BxT = _chunk_tokens(tokens_BxT, cache, "prefill")
     if positions_BxT is not None:
       positions_BxT = jnp.asarray(positions_BxT, jnp.int32)
       _check_positions(cache, positions_BxT)
@@ -118,11 +125,7 @@ class Runtime:
     """Like `prefill` (positions length_b + [0, T)), returning only the last
     position's float32 logits [B, V]: the output head runs on one position,
     not T (what a chunked prompt prefill needs)."""
-    tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
-    if tokens_BxT.ndim != 2:
-      raise ValueError(
-          f"prefill_last: tokens must be [B, T]; got shape {tokens_BxT.shape}.")
-    check_capacity(cache, tokens_BxT.shape[1])
+    tokens_BxT = _chunk_tokens(tokens_BxT, cache, "prefill_last")
     return self.prefill_last_fn(self.state, tokens_BxT, list(cache))
 
   def decode(self, token_B: jax.Array, cache: Sequence[LayerCache],
