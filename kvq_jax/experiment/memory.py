@@ -19,8 +19,10 @@ allocated). Two figures:
   full-precision window tokens, and exactly a global layer's cost while
   T <= W. Per-layer constants (codebooks, calibrated ranges) are added by
   caches that have them (`constant_leaves`). Effective bits per element =
-  8 * bytes / (T * 2 * layers * kv_heads * head_dim): over every layer,
-  as if each held all T tokens, so local layers pull it down at long T.
+  8 * bytes / (2 * kv_heads * head_dim * sum over layers of the tokens each
+  layer holds): T on a global layer, min(T, W) on a local one, so a dense
+  bfloat16 cache is 16 bits at every T and a model with sliding-window
+  layers is charged per element it actually keeps.
   `cost_split` reports the global (per token) and local (constant) parts.
 
 Every comparison (compression, context that fits, the speed model) uses the
@@ -197,9 +199,11 @@ def effective_bytes(config: ModelConfig, spec: CacheSpec | None, dtype,
 
 def effective_bits(config: ModelConfig, spec: CacheSpec | None, dtype,
                    num_tokens: int) -> float:
-  """Effective bits per cached K/V element at `num_tokens` tokens."""
-  elements = (num_tokens * 2 * config.num_layers * config.num_kv_heads
-              * config.head_dim)
+  """Effective bits per K/V element held at `num_tokens` tokens (module
+  docstring: a local layer holds min(T, W) tokens)."""
+  held = sum(min(num_tokens, config.layer_window(i) or num_tokens)
+             for i in range(config.num_layers))
+  elements = held * 2 * config.num_kv_heads * config.head_dim
   return 8 * effective_bytes(config, spec, dtype, num_tokens) / elements
 
 

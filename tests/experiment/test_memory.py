@@ -149,9 +149,12 @@ def test_local_layers_cost_a_constant_dense():
         effective_bytes(GLOBAL, None, jnp.bfloat16, t)
   assert effective_bytes(LOCAL, None, jnp.bfloat16, 65) == 256 * 65 + 32768
   assert effective_bytes(LOCAL, None, jnp.bfloat16, 1000) == 288768
-  # 8 * 288768 / (1000 * 2 * 3 layers * 2 heads * 32) = 6.016 bits.
+  # Elements held: the global layer 1000 tokens, each local ring 64:
+  # 8 * 288768 / ((1000 + 2 * 64) * 2 * 2 heads * 32) = 16 bits, as a dense
+  # bf16 cache must be, not 6.016 (all 3 layers counted at 1000 tokens).
   assert effective_bits(LOCAL, None, jnp.bfloat16, 1000) == pytest.approx(
-      6.016)
+      16.0)
+  assert effective_bits(LOCAL, None, jnp.bfloat16, 10) == pytest.approx(16.0)
   assert effective_bits(GLOBAL, None, jnp.bfloat16, 1000) == 16.0
   # Largest T with 256 * T + 32768 <= 10**6: 3778.
   assert max_context(LOCAL, None, jnp.bfloat16, 10**6) == 3778
@@ -219,8 +222,9 @@ def test_memory_report_with_local_layers_by_hand():
   assert report["compression_vs_bf16"] == pytest.approx(
       (256 * 1000 + 32768) / 90240)
   assert report["kv_bits_per_element"] == 5.0
+  # Elements held: 1000 tokens on the global layer, 64 on each local one.
   assert report["kv_bits_per_element_effective"] == pytest.approx(
-      8 * 90240 / (1000 * 3 * 128))
+      8 * 90240 / ((1000 + 2 * 64) * 128))
   assert report["max_context_tokens_baseline"] == (free - 32768) // 256
   assert report["max_context_tokens_quant"] == (free - 10240) // 80
 
@@ -236,13 +240,19 @@ def test_gemma3_270m_shaped_numbers():
   assert cache_bytes(config, None, jnp.bfloat16) == (3072, 15 * 512 * 1024)
   assert effective_bytes(config, None, jnp.bfloat16, 4096) == 20_447_232
   assert effective_bytes(config, None, jnp.bfloat16, 32768) == 108_527_616
+  # Elements held at 4096: 3 global layers x 4096 + 15 rings x 512.
   assert effective_bits(config, None, jnp.bfloat16, 4096) == pytest.approx(
-      16 * 20_447_232 / (18 * 1024 * 4096))
+      16.0)
+  assert 8 * 20_447_232 / ((3 * 4096 + 15 * 512) * 2 * 256) == 16.0
   # int4 g32 asymmetric, 5 bits: 320 bytes per layer and token.
   spec = INT4_G32_ASYM
   assert cache_bytes(config, spec, jnp.bfloat16) == (960, 15 * 512 * 320)
   assert effective_bytes(config, spec, jnp.bfloat16, 4096) == 6_389_760
   assert effective_bytes(config, spec, jnp.bfloat16, 32768) == 33_914_880
+  # Its stored 5 bits per element held (was 1.35 when every layer was
+  # counted at 4096 tokens).
+  assert effective_bits(config, spec, jnp.bfloat16, 4096) == pytest.approx(
+      5.0)
 
 
 def test_every_layer_local_sets_no_cache_limit():

@@ -1,0 +1,56 @@
+"""Effective bits per held K/V element of each preset at several contexts.
+
+  python scripts/effective_bits.py --model=gemma3-270m \
+      --points=int8,q4_0,int4_g32_asym,kvq4,kivi4,kivi2 \
+      --contexts=512,1024,2048,4096
+
+Reads only the model's config (no weights) and prints one markdown table:
+per point its stored bits and `experiment.memory.effective_bits` at each
+context (codes + scales + zeros + every full-precision token + per-layer
+constants, divided by the elements the layers hold: min(T, W) on a
+sliding-window layer), in the cache dtype given (default bfloat16, the
+presets' default). The numbers the sweep and context_curve write into
+their CSVs come from the same function.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax.numpy as jnp
+
+from kvq_jax.assets.registry import resolve_model
+from kvq_jax.experiment import memory
+from kvq_jax.loaders import load_config
+from kvq_jax.sweep.points import parse_points
+
+
+def table(model: str, points: str, contexts: list[int],
+          cache_dtype: str) -> str:
+  cfg = load_config(resolve_model(model))
+  dtype = jnp.dtype(cache_dtype)
+  resolved = parse_points(points, None, head_dim=cfg.head_dim,
+                          num_layers=cfg.num_layers)
+  lines = ["| point | stored | " + " | ".join(f"@{t}" for t in contexts)
+           + " |", "|---|" + "---:|" * (len(contexts) + 1)]
+  for p in resolved:
+    cells = [f"{memory.effective_bits(cfg, p.spec, dtype, t):.2f}"
+             for t in contexts]
+    lines.append(f"| {p.name} | {memory.theoretical_bits(cfg, p.spec, dtype):.2f}"
+                 f" | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--model", default="smollm2-135m")
+  parser.add_argument("--points", required=True)
+  parser.add_argument("--contexts", default="512,4096")
+  parser.add_argument("--cache_dtype", default="bfloat16")
+  args = parser.parse_args()
+  print(table(args.model, args.points,
+              [int(t) for t in args.contexts.split(",")], args.cache_dtype))
+
+
+if __name__ == "__main__":
+  main()
