@@ -8,9 +8,10 @@ Reads only the model's config (no weights) and prints one markdown table:
 per point its stored bits and `experiment.memory.effective_bits` at each
 context (codes + scales + zeros + every full-precision token + per-layer
 constants, divided by the elements the layers hold: min(T, W) on a
-sliding-window layer), in the cache dtype given (default bfloat16, the
-presets' default). The numbers the sweep and context_curve write into
-their CSVs come from the same function.
+sliding-window layer), in the cache dtype given (default float32, the
+presets' `config.dtype`; it changes only dense points: full-precision
+windows are stored in `cache.window_dtype`). The numbers the sweep and
+context_curve write into their CSVs come from the same function.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def main() -> None:
   parser.add_argument("--model", default="smollm2-135m")
   parser.add_argument("--points", required=True)
   parser.add_argument("--contexts", default="512,4096")
-  parser.add_argument("--cache_dtype", default="bfloat16")
+  parser.add_argument("--cache_dtype", default="float32")
   args = parser.parse_args()
   print(table(args.model, args.points,
               [int(t) for t in args.contexts.split(",")], args.cache_dtype))
