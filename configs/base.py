@@ -20,6 +20,11 @@ Fields (override any with --config.FIELD=VALUE):
   cache.dtype      full-precision cache dtype ('' = dtype); bf16/fp16 presets
   cache.residual, cache.flush_block (0 = auto), cache.sink, cache.key_rope
                    (post | pre), cache.hadamard_k, cache.hadamard_v,
+                   cache.rotation_seed (-1: plain Hadamard; N >= 0: random
+                   signs per layer from seed N, the randomised Hadamard),
+                   cache.key_stats ('' = none; a directory written by
+                   experiments.calibrate_keys: calibrated per-channel shift
+                   and scale of the pre-RoPE keys, needs key_rope='pre'),
                    cache.block_size, cache.layer_overrides ('0,29:fp/fp;...'),
                    cache.window_dtype (bfloat16 | float16 | float32: storage
                    of the full-precision residual/flush window and sinks)
@@ -67,11 +72,35 @@ def get_config() -> ml_collections.ConfigDict:
       prefill_chunk=512))
   c.cache = ml_collections.ConfigDict(dict(
       k=kv(), v=kv(), dtype="", residual=0, flush_block=0, sink=0,
-      key_rope="post", hadamard_k=False, hadamard_v=False, block_size=256,
+      key_rope="post", hadamard_k=False, hadamard_v=False, rotation_seed=-1,
+      key_stats="", block_size=256,
       layer_overrides="", window_dtype="bfloat16"))
   c.attention = ml_collections.ConfigDict(dict(impl="xla"))
   c.memory = ml_collections.ConfigDict(dict(
       budget_gib=0.0, weight_dtype="bfloat16"))
   c.decode_bench = ml_collections.ConfigDict(dict(
       batch_size=8, context=1024, steps=8))
+  return c
+
+
+def lloyd_max_kv(bits: int) -> ml_collections.ConfigDict:
+  """`kv(...)` of `intB_lm`: Lloyd-Max codes + one scale per head vector."""
+  return kv(type="int", bits=bits, scheme="lloyd_max",
+            granularity="per_token", group_size=0)
+
+
+def rotated_codebook_config(k_bits: int, v_bits: int,
+                            key_stats: str = "runs/key_stats/smollm2-135m"
+                            ) -> ml_collections.ConfigDict:
+  """The tq presets: K and V `int{k_bits}_lm` / `int{v_bits}_lm` after a
+  randomised Hadamard (seed 0), keys stored before RoPE and shifted/scaled
+  by the calibrated statistics in `key_stats` (experiments.calibrate_keys)."""
+  c = get_config()
+  c.cache.k = lloyd_max_kv(k_bits)
+  c.cache.v = lloyd_max_kv(v_bits)
+  c.cache.key_rope = "pre"
+  c.cache.hadamard_k = True
+  c.cache.hadamard_v = True
+  c.cache.rotation_seed = 0
+  c.cache.key_stats = key_stats
   return c

@@ -3,6 +3,7 @@ r"""Per-layer KV-cache sensitivity of a preset (and of extra formats).
   python -m experiments.layer_sensitivity --config=int4_g32 [--workdir=DIR]
       [--eval_data=FILE] [--model=NAME_OR_PATH] [--config.eval.num_windows=8]
       [--formats=int8,int2_g32_asym] [--noall_but_one] [--nocheck]
+      [--from_end]
 
 Quantizes one layer at a time (K only, V only, K and V) and all layers but
 one (K and V) with the preset's formats, plus K-only / V-only per layer for
@@ -27,6 +28,9 @@ _FORMATS = flags.DEFINE_list(
     "per layer (short names: int8,int4_g32_asym,int2_g32_asym,...)")
 _ALL_BUT_ONE = flags.DEFINE_bool(
     "all_but_one", True, "also quantize all layers but one (K and V)")
+_FROM_END = flags.DEFINE_bool(
+    "from_end", False, "probe the last eval.num_windows windows of the text "
+    "(disjoint from the first ones an allocation is verified on)")
 _CHECK = flags.DEFINE_bool(
     "check", True, "compare the all-layers probe with the real quantized cache")
 
@@ -39,7 +43,7 @@ def main(argv):
       _CONFIG.value, _WORKDIR.value or f"runs/sensitivity_{name}",
       eval_data=_EVAL_DATA.value, model=_MODEL.value, name=name,
       formats=_FORMATS.value, all_but_one=_ALL_BUT_ONE.value,
-      check=_CHECK.value)
+      check=_CHECK.value, from_end=_FROM_END.value)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,8 @@ from kvq_jax.kernels.dispatch import (choose_implementation,
                                       pallas_unsupported_reason,
                                       resolve_interpret)
 from kvq_jax.models.rope import Rope
-from kvq_jax.quant import QuantizedArray, QuantSpec, dequantize, quantize
+from kvq_jax.quant import (QuantizedArray, QuantSpec, constant_arrays,
+                           dequantize, quantize)
 
 Store = QuantizedArray | jax.Array
 
@@ -193,17 +194,20 @@ def incoming_tokens(spec: LayerSpec, k_BxTxKxH: jax.Array,
                     rope: Rope) -> tuple[jax.Array, jax.Array]:
   """The T new keys and values in the stored convention, [B, K, T, H] f32.
 
-  Keys are rotated by RoPE unless key_rope == 'pre'; keys / values are
-  Hadamard-rotated where the spec asks.
+  Keys are rotated by RoPE unless key_rope == 'pre', shifted and scaled by
+  the calibrated key affine if any; keys / values are Hadamard-rotated where
+  the spec asks.
   """
   k_new = k_BxTxKxH if spec.key_rope == "pre" else rope(k_BxTxKxH,
                                                         positions_BxT)
   k_new_BxKxTxH = jnp.swapaxes(k_new, 1, 2).astype(jnp.float32)
   v_new_BxKxTxH = jnp.swapaxes(v_BxTxKxH, 1, 2).astype(jnp.float32)
+  if spec.key_affine is not None:
+    k_new_BxKxTxH = spec.key_affine.normalize(k_new_BxKxTxH)
   if spec.hadamard_k:
-    k_new_BxKxTxH = hadamard.rotate(k_new_BxKxTxH)
+    k_new_BxKxTxH = hadamard.rotate(k_new_BxKxTxH, spec.rotation_key)
   if spec.hadamard_v:
-    v_new_BxKxTxH = hadamard.rotate(v_new_BxKxTxH)
+    v_new_BxKxTxH = hadamard.rotate(v_new_BxKxTxH, spec.rotation_key)
   return k_new_BxKxTxH, v_new_BxKxTxH
 
 
@@ -214,7 +218,7 @@ def scaled_queries(spec: LayerSpec, q_BxTxNxH: jax.Array,
   b, t, n, h = q_BxTxNxH.shape
   q = q_BxTxNxH.astype(jnp.float32) * (h ** -0.5)
   if spec.hadamard_k and spec.key_rope == "post":
-    q = hadamard.rotate(q)
+    q = hadamard.rotate(q, spec.rotation_key)
   return jnp.moveaxis(q.reshape(b, t, num_kv_heads, n // num_kv_heads, h), 1,
                       3)
 
@@ -226,7 +230,7 @@ def attention_output(spec: LayerSpec, state, q_BxTxNxH: jax.Array
   _, l, acc = state
   out_BxKxGxTxH = acc / l[..., None]
   if spec.hadamard_v:
-    out_BxKxGxTxH = hadamard.rotate(out_BxKxGxTxH)
+    out_BxKxGxTxH = hadamard.unrotate(out_BxKxGxTxH, spec.rotation_key)
   out = jnp.moveaxis(out_BxKxGxTxH, 3, 1).reshape(b, t, n, h)
   return out.astype(q_BxTxNxH.dtype)
 
@@ -240,10 +244,32 @@ def keys_for_scores(spec: LayerSpec, k_BxKxLxH: jax.Array,
   """
   if spec.key_rope == "pre":
     if spec.hadamard_k:
-      k_BxKxLxH = hadamard.rotate(k_BxKxLxH)
+      k_BxKxLxH = hadamard.unrotate(k_BxKxLxH, spec.rotation_key)
+    if spec.key_affine is not None:
+      k_BxKxLxH = spec.key_affine.denormalize(k_BxKxLxH)
     k_BxLxKxH = rope(jnp.swapaxes(k_BxKxLxH, 1, 2), tokens_BxL)
     return jnp.swapaxes(k_BxLxKxH, 1, 2).astype(jnp.float32)
   return k_BxKxLxH
+
+
+def check_key_affine(spec: LayerSpec, num_kv_heads: int,
+                     head_dim: int) -> None:
+  """ValueError if the layer's key affine was calibrated for other shapes."""
+  affine = spec.key_affine
+  if affine is not None and affine.shape != (num_kv_heads, head_dim):
+    raise ValueError(
+        f"key affine of shape {affine.shape} for a cache of {num_kv_heads} kv "
+        f"heads x head_dim {head_dim}: calibrated for another model; "
+        "allowed: key stats calibrated on this model.")
+
+
+def layer_constants(spec: LayerSpec, head_dim: int) -> list:
+  """The per-layer constant arrays of a quantized layer (see
+  `QuantizedLayerCache.constant_leaves`)."""
+  out = constant_arrays(spec.k, head_dim) + constant_arrays(spec.v, head_dim)
+  if spec.key_affine is not None:
+    out += spec.key_affine.arrays()
+  return out
 
 
 def fresh_tokens(win_KxWxH: jax.Array, n0: jax.Array, new_KxTxH: jax.Array,
@@ -319,6 +345,7 @@ class QuantizedLayerCache:
           "integer.")
     if spec.hadamard_k or spec.hadamard_v:
       hadamard.hadamard_matrix_np(head_dim)  # validates power of two.
+    check_key_affine(spec, num_kv_heads, head_dim)
     allocated = round_up(capacity, spec.block_size)
     b, k, h = batch_size, num_kv_heads, head_dim
     full = lambda n: jnp.zeros((b, k, n, h), spec.window_dtype)
@@ -347,9 +374,11 @@ class QuantizedLayerCache:
     return [self.window_k, self.window_v, self.sink_k, self.sink_v]
 
   def constant_leaves(self) -> list[jax.Array]:
-    """Per-layer constants a format stores (codebooks, calibrated ranges):
-    none for the formats so far; charged by `experiment.memory`."""
-    return []
+    """Per-layer constants a format stores (Lloyd-Max codebooks, the key
+    affine's shift and scale); charged by `experiment.memory`. The
+    randomised rotation's signs are regenerated from the seed and cost
+    nothing."""
+    return layer_constants(self.spec, self.window_k.shape[-1])
 
   # -- writing -------------------------------------------------------------
 
@@ -501,7 +530,7 @@ class QuantizedLayerCache:
     kh = self.k_store.shape[1]
     q = q_BxTxNxH[:, 0].astype(jnp.float32)
     if self.spec.hadamard_k:  # key_rope == 'post' here (pre is unsupported).
-      q = hadamard.rotate(q)
+      q = hadamard.rotate(q, self.spec.rotation_key)
     start_B = jnp.full_like(end_B, self.spec.sink)
     return q.reshape(b, kh, n // kh, h), start_B
 

@@ -67,9 +67,10 @@ from flax import struct
 from kvq_jax.cache import hadamard
 from kvq_jax.cache.attention import band_mask, block_attention, merge_states
 from kvq_jax.cache.quantized import (Store, attention_output,
-                                     check_positions, committed_end,
+                                     check_key_affine, check_positions,
+                                     committed_end,
                                      empty_store, fresh_tokens,
-                                     incoming_tokens, keys_for_scores,
+                                     incoming_tokens, layer_constants, keys_for_scores,
                                      read_store, round_up, scaled_queries,
                                      token_group)
 from kvq_jax.cache.sliding import check_window, ring_update
@@ -162,6 +163,7 @@ class SlidingQuantizedLayerCache:
           "'xla' or a fallback tuple ('pallas', 'xla').")
     if spec.hadamard_k or spec.hadamard_v:
       hadamard.hadamard_matrix_np(head_dim)  # validates power of two.
+    check_key_affine(spec, num_kv_heads, head_dim)
     spec = local_layer_spec(spec)
     b, k, h = batch_size, num_kv_heads, head_dim
     ring = lambda name: empty_store(
@@ -192,8 +194,8 @@ class SlidingQuantizedLayerCache:
     return [self.window_k, self.window_v]
 
   def constant_leaves(self) -> list[jax.Array]:
-    """Per-layer constants (none for the formats so far)."""
-    return []
+    """Per-layer constants (codebooks, key affine), as the linear cache's."""
+    return layer_constants(self.spec, self.window_k.shape[-1])
 
   def _decode_impl(self) -> str:
     """'xla' (trace time): a ring cannot feed the Pallas kernel, so an

@@ -40,6 +40,7 @@ import dataclasses
 import math
 from typing import Sequence
 
+from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.kernels.cache_layout import SUPPORTED_FORMATS
 from kvq_jax.kernels.dispatch import normalize_implementation
 from kvq_jax.quant import QuantSpec
@@ -117,6 +118,8 @@ class LayerSpec:
   key_rope: str = "post"
   hadamard_k: bool = False
   hadamard_v: bool = False
+  rotation_key: tuple[int, int] | None = None
+  key_affine: KeyAffine | None = None
   block_size: int = 256
   attention_impl: AttentionImpl = "xla"
   interpret: bool | None = None
@@ -158,6 +161,9 @@ class LayerSpec:
       return ("only one of k/v is quantized; the decode kernel reads packed "
               "QuantizedArray storage for both.")
     for name, spec in (("k", self.k), ("v", self.v)):
+      if spec.is_codebook:
+        return (f"{name}.scheme='lloyd_max': the decode kernel dequantizes "
+                "with a scale and an offset, not a codebook lookup.")
       if spec.format not in SUPPORTED_FORMATS:
         return (f"{name}.format={spec.format!r}: the decode kernel unpacks "
                 "integer codes whose bit width divides 8; supported: "
@@ -203,6 +209,13 @@ class CacheSpec:
       applied to the dequantized keys at read time (KVQuant).
     hadamard_k, hadamard_v: rotate head_dim by an orthonormal Hadamard matrix
       before quantization (undone exactly at read time).
+    rotation_seed: None: the plain Hadamard H. An int: the randomised
+      Hadamard D H, random signs D drawn per layer from (seed, layer index)
+      (`kvq_jax.cache.hadamard`); needs hadamard_k or hadamard_v.
+    key_affines: () or one `KeyAffine` per layer: calibrated per-channel
+      shift and scale of the pre-RoPE keys (`kvq_jax.cache.key_affine`),
+      applied before quantization and undone at read time; needs
+      key_rope='pre'.
     block_size: cache slots per block of the blockwise attention (XLA path);
       bounds the dequantized temporaries of a decode step.
     attention_impl: decode attention over the storage: "xla" | "pallas" | an
@@ -223,6 +236,8 @@ class CacheSpec:
   key_rope: str = "post"
   hadamard_k: bool = False
   hadamard_v: bool = False
+  rotation_seed: int | None = None
+  key_affines: tuple = ()
   block_size: int = 256
   attention_impl: AttentionImpl = "xla"
   interpret: bool | None = None
@@ -233,6 +248,27 @@ class CacheSpec:
                        _attention_impl(self.attention_impl))
     _check_interpret(self.interpret)
     _check_window_dtype(self.window_dtype)
+    seed = self.rotation_seed
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                             or seed < 0):
+      raise ValueError(
+          f"CacheSpec.rotation_seed={seed!r}: allowed: None (plain Hadamard) "
+          "or an integer >= 0 (randomised Hadamard).")
+    if seed is not None and not (self.hadamard_k or self.hadamard_v):
+      raise ValueError(
+          f"CacheSpec.rotation_seed={seed} rotates nothing: hadamard_k and "
+          "hadamard_v are both False; allowed: set one of them, or "
+          "rotation_seed=None.")
+    object.__setattr__(self, "key_affines", tuple(self.key_affines))
+    if self.key_affines:
+      if not all(isinstance(a, KeyAffine) for a in self.key_affines):
+        raise ValueError("CacheSpec.key_affines: allowed: () or one "
+                         "KeyAffine per layer.")
+      if self.key_rope != "pre":
+        raise ValueError(
+            f"CacheSpec.key_affines needs key_rope='pre' (a per-channel "
+            f"shift does not commute with RoPE); got key_rope="
+            f"{self.key_rope!r}.")
     for name in ("residual", "sink"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 0:
@@ -297,7 +333,13 @@ class CacheSpec:
     return specs
 
   def check_num_layers(self, num_layers: int) -> None:
-    """ValueError if a layer override names a layer the model does not have."""
+    """ValueError if a layer override names a layer the model does not have,
+    or the key affines are not one per layer."""
+    if self.key_affines and len(self.key_affines) != num_layers:
+      raise ValueError(
+          f"CacheSpec.key_affines has {len(self.key_affines)} entries, the "
+          f"model {num_layers} layers; allowed: one per layer (calibrate the "
+          "keys of this model).")
     for layer, _, _ in self.layer_overrides:
       if layer >= num_layers:
         raise ValueError(
@@ -316,6 +358,12 @@ class CacheSpec:
         k, v = ko, vo
     shared = {f.name: getattr(self, f.name)
               for f in dataclasses.fields(LayerSpec)
-              if f.name not in ("k", "v", "flush_k", "flush_v")}
+              if f.name not in ("k", "v", "flush_k", "flush_v",
+                                "rotation_key", "key_affine")}
+    key = None if self.rotation_seed is None else (self.rotation_seed, index)
+    affine = None
+    if self.key_affines and k is not None:
+      affine = self.key_affines[index]
     return LayerSpec(k=_to_cache_layout(k, "k"), v=_to_cache_layout(v, "v"),
-                     flush_k=self._flush(k), flush_v=self._flush(v), **shared)
+                     flush_k=self._flush(k), flush_v=self._flush(v),
+                     rotation_key=key, key_affine=affine, **shared)

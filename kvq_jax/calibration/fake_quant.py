@@ -50,6 +50,11 @@ def fake_quant(x: jax.Array, spec: QuantSpec, clip: jax.Array) -> jax.Array:
   ignored too: codes always use kvq's rounding (round half to even from the
   float32 scale); ggml's differs only at ties and by its float16 scales.
   """
+  if spec.is_codebook:
+    raise ValueError(
+        f"fake_quant: scheme={spec.scheme!r} has no clip ratio to calibrate "
+        "(its codebook fixes the levels); allowed: symmetric, "
+        "symmetric_narrow, asymmetric, fp8.")
   shape = x.shape
   xg, red = _grouped(x.astype(jnp.float32), spec)
   tiny = jnp.finfo(jnp.float32).tiny

@@ -35,16 +35,17 @@ def causal_attention(q_BxQxNxH: jax.Array, query_pos_Q: jax.Array,
   return out.reshape(b, nq, n, h)
 
 
-def _fq_tokens_major(x_BxTxKxH: jax.Array, spec, clip, rotate: bool):
+def _fq_tokens_major(x_BxTxKxH: jax.Array, spec, clip, rotate: bool,
+                     key: hadamard.RotationKey = None):
   """fake_quant in the cache's [B, K, T, H] layout, back to [B, T, K, H]."""
   if spec is None:
     return x_BxTxKxH
   x = jnp.swapaxes(x_BxTxKxH, 1, 2)
   if rotate:
-    x = hadamard.rotate(x)
+    x = hadamard.rotate(x, key)
   x = fake_quant(x, spec, clip)
   if rotate:
-    x = hadamard.rotate(x)
+    x = hadamard.unrotate(x, key)
   return jnp.swapaxes(x, 1, 2)
 
 
@@ -52,13 +53,16 @@ def quantized_keys_values(k_pre_BxTxKxH, k_post_BxTxKxH, v_BxTxKxH,
                           layer: LayerSpec, rope: Rope, clip_k, clip_v):
   """(keys to dot with post-RoPE queries, values) after fake quantization."""
   if layer.key_rope == "pre":
-    k = _fq_tokens_major(k_pre_BxTxKxH, layer.k, clip_k, layer.hadamard_k)
+    k = _fq_tokens_major(k_pre_BxTxKxH, layer.k, clip_k, layer.hadamard_k,
+                         layer.rotation_key)
     b, t = k.shape[:2]
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     k = rope(k, positions).astype(jnp.float32)
   else:
-    k = _fq_tokens_major(k_post_BxTxKxH, layer.k, clip_k, layer.hadamard_k)
-  v = _fq_tokens_major(v_BxTxKxH, layer.v, clip_v, layer.hadamard_v)
+    k = _fq_tokens_major(k_post_BxTxKxH, layer.k, clip_k, layer.hadamard_k,
+                         layer.rotation_key)
+  v = _fq_tokens_major(v_BxTxKxH, layer.v, clip_v, layer.hadamard_v,
+                       layer.rotation_key)
   return k, v
 
 

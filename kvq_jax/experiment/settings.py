@@ -7,6 +7,7 @@ import dataclasses
 import ml_collections
 
 from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.calibration.key_stats_store import load_key_stats
 from kvq_jax.eval.windows import SCORINGS, check_scoring
 from kvq_jax.experiment.short_specs import parse_layer_overrides
 from kvq_jax.facade import parse_dtype
@@ -84,6 +85,21 @@ def quant_spec_from_config(kv: ml_collections.ConfigDict,
     raise ValueError(f"config.{field}: {e}") from e
 
 
+def _key_affines(path: str) -> tuple:
+  """config.cache.key_stats: '' -> (), a directory -> its per-layer
+  `KeyAffine`s (`kvq_jax.calibration.key_stats_store`)."""
+  return load_key_stats(path) if path else ()
+
+
+def _rotation_seed(value: int) -> int | None:
+  """config.cache.rotation_seed: -1 -> None (plain Hadamard), N >= 0 -> N."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+    raise ValueError(
+        f"config.cache.rotation_seed={value!r}: allowed: -1 (plain Hadamard) "
+        "or an integer >= 0 (randomised Hadamard seed).")
+  return None if value == -1 else value
+
+
 def settings_from_config(config: ml_collections.ConfigDict
                          ) -> ExperimentSettings:
   ev = config.eval
@@ -117,7 +133,10 @@ def settings_from_config(config: ml_collections.ConfigDict
           k=k, v=v, layer_overrides=overrides, residual=cache.residual,
           flush_block=cache.flush_block or None, sink=cache.sink,
           key_rope=cache.key_rope, hadamard_k=cache.hadamard_k,
-          hadamard_v=cache.hadamard_v, block_size=cache.block_size,
+          hadamard_v=cache.hadamard_v,
+          rotation_seed=_rotation_seed(cache.get("rotation_seed", -1)),
+          key_affines=_key_affines(cache.get("key_stats", "")),
+          block_size=cache.block_size,
           attention_impl=config.attention.impl,
           window_dtype=cache.window_dtype)
     except ValueError as e:

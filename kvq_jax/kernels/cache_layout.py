@@ -82,6 +82,10 @@ def describe_packed(x: Any, head_dim: int, name: str,
             "kernel: it unpacks integer codes with shifts and masks, which "
             f"needs a bit width dividing 8; supported: "
             f"{', '.join(SUPPORTED_FORMATS)}.")
+  if getattr(spec, "is_codebook", False):
+    return (f"{name}.spec.scheme={spec.scheme!r}: the decode kernel turns "
+            "codes into values with a scale and an offset; a codebook "
+            "lookup is not implemented (use attention_impl='xla').")
   gran = spec.granularity
   if gran not in SUPPORTED_GRANULARITIES:
     return (f"{name}.spec.granularity={gran!r} is not supported by the decode "

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from kvq_jax.quant import codebook
 
 from kvq_jax.quant.quantized_array import QuantizedArray
 from kvq_jax.quant.spec import QuantSpec
@@ -41,6 +44,15 @@ def bits_per_element(spec: QuantSpec, axis_len: int | None = None) -> float:
   if spec.granularity == "per_tensor" and axis_len is None:
     return float(spec.bits)
   return spec.bits + meta_bits / spec.elements_per_group(axis_len)
+
+
+def constant_arrays(spec: QuantSpec | None, last_dim: int) -> list[np.ndarray]:
+  """Per-tensor constants a format needs besides its leaves: the Lloyd-Max
+  codebook (2^bits float32 centroids) of a lloyd_max spec, else none.
+  Charged once per layer by `kvq_jax.experiment.memory`."""
+  if spec is None or not spec.is_codebook:
+    return []
+  return [codebook.centroids(spec.bits, spec.elements_per_group(last_dim))]
 
 
 def nbytes(qa: QuantizedArray) -> int:

@@ -41,6 +41,19 @@ fp8 (fmax = 448 for e4m3fn, 57344 for e5m2; symmetric only):
   data  = clip(x / scale, -fmax, fmax).astype(fp8)   (round to nearest even)
   x'    = float32(data) * scale
 
+Lloyd-Max (scheme lloyd_max; d = the elements of one group, c the 2^b
+centroids and t the cell boundaries of `kvq_jax.quant.codebook` for (b, d)):
+  n     = sqrt(sum(x^2))                  (the group's Euclidean norm)
+  y     = x * sqrt(d) / n                 (0 where n == 0)
+  u     = #{t_j < y}                      (the nearest centroid's index)
+  scale = nearest(sum(x * c[u]) / sum(c[u]^2))   (least-squares scale: the
+          error-minimising multiple of the chosen centroids; 0 for an
+          all-zero group)
+  x'    = c[u] * scale
+The codebook is a per-format constant (2^b float32 values for every group
+size in use); non-finite values follow the policy below (+-Inf take the
+outer codes, NaN the code of 0.0).
+
 For unclipped finite data this gives |x - x'| <= |scale| / 2 (plus float32
 rounding) for integer formats, with bfloat16/float16 scales and zeros too.
 The one exception is symmetric's top code: a value with x / scale >
@@ -99,7 +112,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from kvq_jax.quant import packing
+from kvq_jax.quant import codebook, packing
 from kvq_jax.quant.quantized_array import QuantizedArray
 from kvq_jax.quant.spec import QuantSpec
 
@@ -193,8 +206,30 @@ def _min_max(xg: jax.Array, finite: jax.Array, grouping):
   return jnp.where(any_finite, lo, 0.0), jnp.where(any_finite, hi, 0.0)
 
 
+def _group_len(grouped_shape: tuple[int, ...], grouping) -> int:
+  return grouped_shape[grouping[1]]
+
+
+def _quantize_lloyd_max(xg, finite, x_nan0, grouping, spec: QuantSpec):
+  """(scale, None, codes) for scheme='lloyd_max' (module docstring)."""
+  d = _group_len(xg.shape, grouping)
+  c = jnp.asarray(codebook.centroids(spec.bits, d))
+  t = jnp.asarray(codebook.thresholds(spec.bits, d))
+  x_fin = jnp.where(finite, xg, 0.0)
+  norm = jnp.sqrt(_reduce(jnp.sum, x_fin * x_fin, grouping))
+  y = x_nan0 * (jnp.float32(d) ** 0.5 / jnp.where(norm > 0, norm, 1.0))
+  u = jnp.searchsorted(t, y, side="left").astype(jnp.uint8)
+  cu = c[u]
+  num = _reduce(jnp.sum, jnp.where(finite, x_fin * cu, 0.0), grouping)
+  den = _reduce(jnp.sum, jnp.where(finite, cu * cu, 0.0), grouping)
+  scale = jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+  return _nearest(scale, spec.scale_jnp_dtype), None, u
+
+
 def _quantize_kvq(xg, finite, x_nan0, grouping, spec: QuantSpec):
   """(scale, zero or None, codes) for rounding='kvq' (module docstring)."""
+  if spec.is_codebook:
+    return _quantize_lloyd_max(xg, finite, x_nan0, grouping, spec)
   sdt = spec.scale_jnp_dtype
   half = 2 ** (spec.bits - 1)
   x_fin = jnp.where(finite, xg, 0.0)
@@ -291,6 +326,10 @@ def dequantize(qa: QuantizedArray, dtype=None) -> jax.Array:
   grouping = _grouping(shape, spec)
   if spec.is_float:
     vals = qa.data.astype(_F32)
+  elif spec.is_codebook:
+    d = _group_len(grouping[0], grouping)
+    vals = jnp.asarray(codebook.centroids(spec.bits, d))[
+        packing.unpack(qa.data, spec.bits)]
   else:
     vals = packing.unpack(qa.data, spec.bits).astype(_F32)
     if not spec.has_zero:

@@ -34,8 +34,13 @@ FORMATS = ("int8", "int5", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2")
 #   rule); integer formats only.
 # asymmetric: scale and zero point from the group's min and max (q4_1's);
 #   integer formats only.
+# lloyd_max: one scale per group (a least-squares norm) and codes into the
+#   Lloyd-Max codebook of a rotated unit vector's coordinates
+#   (`kvq_jax.quant.codebook`); int5/int4/int3/int2, groups along the last
+#   axis (per_token or per_group), meant for Hadamard-rotated tensors.
 # See `kvq_jax.quant.quantize` for the arithmetic.
-SCHEMES = ("symmetric", "symmetric_narrow", "asymmetric")
+SCHEMES = ("symmetric", "symmetric_narrow", "asymmetric", "lloyd_max")
+LLOYD_MAX_FORMATS = ("int5", "int4", "int3", "int2")
 GRANULARITIES = ("per_tensor", "per_token", "per_channel", "per_group")
 SCALE_DTYPES = ("float32", "bfloat16", "float16")
 # kvq: the project's rounding (scale rounded up into scale_dtype, codes from
@@ -61,8 +66,11 @@ class QuantSpec:
     format: storage format, one of `FORMATS`.
     scheme: one of `SCHEMES`: "symmetric" (scale only, all 2^bits codes; the
       stored scale is signed), "symmetric_narrow" (scale only, 2^bits - 1
-      codes, positive scale; integer formats only) or "asymmetric" (scale and
-      zero point; integer formats only).
+      codes, positive scale; integer formats only), "asymmetric" (scale and
+      zero point; integer formats only) or "lloyd_max" (scale only; codes
+      index the Lloyd-Max codebook of `kvq_jax.quant.codebook` for the
+      group's element count; int5..int2, per_token or per_group along the
+      last axis, rounding kvq, clip_ratio 1).
     granularity: one of `GRANULARITIES` (see the module docstring).
     group_size: per_group: elements per group along `group_axis` (required).
       per_channel: tokens per group along `group_axis` (None: the whole axis).
@@ -130,6 +138,29 @@ class QuantSpec:
       self._validate_ggml()
     self._validate_group_size()
     self._validate_axis()
+    if self.scheme == "lloyd_max":
+      self._validate_lloyd_max()
+
+  def _validate_lloyd_max(self):
+    problems = []
+    if self.format not in LLOYD_MAX_FORMATS:
+      problems.append(f"format={self.format!r} (allowed: "
+                      f"{_allowed(LLOYD_MAX_FORMATS)})")
+    if self.granularity not in ("per_token", "per_group"):
+      problems.append(f"granularity={self.granularity!r} (allowed: "
+                      "per_token, per_group)")
+    if self.axis not in (None, -1):
+      problems.append(f"axis={self.axis!r} (allowed: None or -1: the "
+                      "codebook is for the elements of one vector)")
+    if self.rounding != "kvq":
+      problems.append(f"rounding={self.rounding!r} (allowed: kvq)")
+    if self.clip_ratio != 1.0:
+      problems.append(f"clip_ratio={self.clip_ratio!r} (allowed: 1.0; the "
+                      "codebook's outer cells already bound the range)")
+    if problems:
+      raise ValueError(
+          "QuantSpec.scheme='lloyd_max' does not support "
+          + "; ".join(problems) + ".")
 
   def _validate_ggml(self):
     if self.is_float:
@@ -195,6 +226,11 @@ class QuantSpec:
   def has_zero(self) -> bool:
     """Whether a zero point is stored (scheme asymmetric)."""
     return self.scheme == "asymmetric"
+
+  @property
+  def is_codebook(self) -> bool:
+    """Codes index a Lloyd-Max codebook (scheme lloyd_max)."""
+    return self.scheme == "lloyd_max"
 
   @property
   def is_float(self) -> bool:

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from kvq_jax.cache import hadamard
+from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.models.rope import Rope
 from kvq_jax.quant import QuantSpec, dequantize, quantize
@@ -53,30 +54,40 @@ def check_token_local(spec: QuantSpec | None, where: str) -> None:
 
 
 def round_trip(x: jax.Array, spec: QuantSpec | None, dtype,
-               rotate: bool) -> jax.Array:
+               rotate: bool, key: hadamard.RotationKey = None) -> jax.Array:
   """x rounded to `dtype`, then (if `spec`) quantized and dequantized.
 
   `rotate`: Hadamard-rotate head_dim before and undo it after (only when
-  `spec` quantizes; a full-precision tensor is never rotated).
+  `spec` quantizes; a full-precision tensor is never rotated); `key` the
+  randomised rotation's (seed, layer), None for the plain Hadamard.
   """
   x = x.astype(jnp.float32)
   if spec is None:
     return x.astype(dtype).astype(jnp.float32)
   if rotate:
-    x = hadamard.rotate(x)
+    x = hadamard.rotate(x, key)
   y = dequantize(quantize(x.astype(dtype), spec), jnp.float32)
-  return hadamard.rotate(y) if rotate else y
+  return hadamard.unrotate(y, key) if rotate else y
 
 
 def keys(k_BxTxKxH: jax.Array, positions_BxT: jax.Array, rope: Rope,
          spec: QuantSpec | None, dtype, key_rope: str,
-         rotate: bool) -> jax.Array:
-  """Post-RoPE keys as the cache would read them back (float32)."""
+         rotate: bool, key: hadamard.RotationKey = None,
+         affine: KeyAffine | None = None) -> jax.Array:
+  """Post-RoPE keys as the cache would read them back (float32); `affine`
+  (pre-RoPE only) shifts and scales the keys around the round trip."""
   if spec is None or key_rope == "post":
-    return round_trip(rope(k_BxTxKxH, positions_BxT), spec, dtype, rotate)
-  return rope(round_trip(k_BxTxKxH, spec, dtype, rotate), positions_BxT)
+    return round_trip(rope(k_BxTxKxH, positions_BxT), spec, dtype, rotate,
+                      key)
+  if affine is None:
+    return rope(round_trip(k_BxTxKxH, spec, dtype, rotate, key),
+                positions_BxT)
+  k_BxKxTxH = affine.normalize(jnp.swapaxes(k_BxTxKxH, 1, 2))
+  k_BxKxTxH = affine.denormalize(round_trip(k_BxKxTxH, spec, dtype, rotate,
+                                            key))
+  return rope(jnp.swapaxes(k_BxKxTxH, 1, 2), positions_BxT)
 
 
 def values(v_BxTxKxH: jax.Array, spec: QuantSpec | None, dtype,
-           rotate: bool) -> jax.Array:
-  return round_trip(v_BxTxKxH, spec, dtype, rotate)
+           rotate: bool, key: hadamard.RotationKey = None) -> jax.Array:
+  return round_trip(v_BxTxKxH, spec, dtype, rotate, key)

@@ -24,6 +24,8 @@ _COPIED = (("model", ("model",)), ("dtype", ("dtype",)),
            ("cache.key_rope", ("cache", "key_rope")),
            ("cache.hadamard_k", ("cache", "hadamard_k")),
            ("cache.hadamard_v", ("cache", "hadamard_v")),
+           ("cache.rotation_seed", ("cache", "rotation_seed")),
+           ("cache.key_stats", ("cache", "key_stats")),
            ("attention.impl", ("attention", "impl")))
 
 
@@ -56,8 +58,15 @@ def overrides_text(allocation: Allocation, k_default: str,
                   for (k, v), layers in groups.items())
 
 
+_MISSING = object()
+
+
 def _lookup(config: dict, path: tuple[str, ...]):
+  """The value at `path`, or _MISSING (a sensitivity run older than the
+  field: the preset keeps base.py's default)."""
   for key in path:
+    if not isinstance(config, dict) or key not in config:
+      return _MISSING
     config = config[key]
   return config
 
@@ -87,7 +96,9 @@ def preset_source(allocation: Allocation, meta: dict, baseline: dict,
            "from configs import base", "", "", "def get_config():",
            "  c = base.get_config()"]
   for field, path in _COPIED:
-    lines.append(f"  c.{field} = {_lookup(config, path)!r}")
+    value = _lookup(config, path)
+    if value is not _MISSING:
+      lines.append(f"  c.{field} = {value!r}")
   lines += [f"  c.cache.k = {kv_call(k_default)}",
             f"  c.cache.v = {kv_call(v_default)}",
             f"  c.cache.layer_overrides = {overrides!r}",

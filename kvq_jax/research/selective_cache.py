@@ -32,6 +32,7 @@ from flax import struct
 
 from kvq_jax.cache import init_layer_caches
 from kvq_jax.cache.dense import write_and_attend
+from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import KEY_ROPE, CacheSpec
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.rope import Rope
@@ -50,6 +51,8 @@ class SelectiveSpec:
       i >= 1 selects entry i - 1. A None entry is full precision.
     key_rope: 'post' or 'pre' (fake-quantize keys before RoPE).
     hadamard_k, hadamard_v: rotate head_dim around the round trip.
+    rotation_key: the randomised rotation's (seed, layer); None: plain H.
+    key_affine: calibrated pre-RoPE key shift/scale (key_rope 'pre').
     dtype: the full-precision cache dtype (a jnp dtype name).
     sliding_window: the layer's sliding window (Gemma 3 local layers), or
       None: a band mask over the linear storage (not a ring: this cache is
@@ -61,6 +64,8 @@ class SelectiveSpec:
   key_rope: str = "post"
   hadamard_k: bool = False
   hadamard_v: bool = False
+  rotation_key: tuple[int, int] | None = None
+  key_affine: KeyAffine | None = None
   dtype: str = "float32"
   sliding_window: int | None = None
 
@@ -130,14 +135,17 @@ class SelectiveLayerCache:
     spec = self.spec
     branches = [
         (lambda k, p, s=s: fake_quant.keys(k, p, rope, s, spec.dtype,
-                                           spec.key_rope, spec.hadamard_k))
+                                           spec.key_rope, spec.hadamard_k,
+                                           spec.rotation_key,
+                                           spec.key_affine))
         for s in (None,) + spec.k_formats]
     return jax.lax.switch(self.k_choice, branches, k_BxTxKxH, positions_BxT)
 
   def _written_values(self, v_BxTxKxH):
     spec = self.spec
     branches = [
-        (lambda v, s=s: fake_quant.values(v, s, spec.dtype, spec.hadamard_v))
+        (lambda v, s=s: fake_quant.values(v, s, spec.dtype, spec.hadamard_v,
+                                          spec.rotation_key))
         for s in (None,) + spec.v_formats]
     return jax.lax.switch(self.v_choice, branches, v_BxTxKxH)
 
@@ -168,7 +176,9 @@ def layer_specs(config: ModelConfig, spec: CacheSpec,
         k_formats=(layer.k,) + tuple(extra_k),
         v_formats=(layer.v,) + tuple(extra_v),
         key_rope=layer.key_rope, hadamard_k=layer.hadamard_k,
-        hadamard_v=layer.hadamard_v, dtype=dtype,
+        hadamard_v=layer.hadamard_v, rotation_key=layer.rotation_key,
+        key_affine=layer.key_affine,
+        dtype=dtype,
         sliding_window=config.layer_window(i)))
   return out
 

@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from kvq_jax.calibration.windows import split_windows
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.windows import make_windows, scored_mask, text_ids
 from kvq_jax.experiment.progress import ProgressBar
@@ -60,13 +61,28 @@ def _heatmap_panels(table: dict):
   return panels
 
 
+def probe_windows(ids, window_len: int, num_windows: int,
+                  bos_id: int | None, from_end: bool) -> np.ndarray:
+  """The first `num_windows` windows of the text, or (from_end) its last
+  ones, which must leave room for at least one window before them."""
+  if from_end:
+    return split_windows(ids, window_len, 1, num_windows, bos_id).calib_WxT
+  return make_windows(ids, window_len, num_windows, bos_id)
+
+
 def run_layer_sensitivity(config: ml_collections.ConfigDict, workdir: str,
                           eval_data: str | None = None,
                           model: str | None = None, name: str = "run",
                           formats: Sequence[str] = (),
                           all_but_one: bool = True,
-                          check: bool = True) -> dict:
-  """Measures, writes OUTPUTS into `workdir` and returns the table dict."""
+                          check: bool = True, from_end: bool = False) -> dict:
+  """Measures, writes OUTPUTS into `workdir` and returns the table dict.
+
+  `from_end`: probe the last eval.num_windows windows of the text instead of
+  the first, so an allocation chosen from the table can be verified on the
+  first windows without having seen them (disjointness asserted, as for
+  calibration).
+  """
   settings = settings_from_config(config)
   spec = settings.cache_spec
   if not settings.quantize or spec is None:
@@ -88,8 +104,8 @@ def run_layer_sensitivity(config: ml_collections.ConfigDict, workdir: str,
   base_v = [short_name(spec.layer(i).v) for i in range(n)]
   text, data_description = load_eval_text(eval_data)
   ids, bos_id = text_ids(lm.tokenizer, text)
-  windows = make_windows(ids, settings.eval.window_len,
-                         settings.eval.num_windows, bos_id)
+  windows = probe_windows(ids, settings.eval.window_len,
+                          settings.eval.num_windows, bos_id, from_end)
   mask = scored_mask(settings.eval.window_len, settings.eval.scoring)
   probes = plan_probes(base_k, base_v, extras, all_but_one=all_but_one)
   logging.info("%d probes over %d windows of %d tokens", len(probes),
@@ -110,6 +126,7 @@ def run_layer_sensitivity(config: ml_collections.ConfigDict, workdir: str,
   table = {
       "meta": {
           "preset": name, "model": model_name, "eval_data": data_description,
+          "windows_from": "end" if from_end else "start",
           "scoring": settings.eval.scoring, "num_layers": n,
           "head_dim": lm.config.head_dim, "cache_dtype": settings.cache_dtype,
           "fp_bits": 8 * jnp.dtype(settings.cache_dtype).itemsize,

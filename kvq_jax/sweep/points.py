@@ -6,7 +6,10 @@
   * `KSPEC[/VSPEC][:OPT...]`: short specs (`kvq_jax.experiment.short_specs`,
     e.g. `int4_g32`, `int2_pc32_asym`, `int4_g32_asym_clip0.9`; VSPEC
     defaults to KSPEC) on top of the base preset's cache settings, with
-    options `pre` / `post` (key_rope), `hadk`, `hadv`, `had` (both), `rN`
+    options `pre` / `post` (key_rope), `hadk`, `hadv`, `had` (both),
+    `rsN` (randomised Hadamard, rotation seed N; with had/hadk/hadv),
+    `nohad` (no rotation: clears the base's Hadamard and seed), `noaff`
+    (drops the base preset's calibrated key affines), `rN`
     (residual N tokens), `sN` (sink N tokens), `fN` (flush_block N: both K
     and V wait in full precision until N tokens close, e.g.
     `int4_g32_asym:f32` to isolate what a 0-31 token window buys).
@@ -28,7 +31,9 @@ from kvq_jax.experiment.settings import settings_from_config
 from kvq_jax.experiment.short_specs import parse_short_spec
 from kvq_jax.sweep.grid import SweepPoint, check_head_dim
 
-_OPTION = re.compile(r"^(?:(?P<flag>pre|post|hadk|hadv|had)|r(?P<r>\d+)|"
+_OPTION = re.compile(r"^(?:(?P<flag>pre|post|hadk|hadv|had|nohad|noaff)|"
+                     r"rs(?P<rs>\d+)|"
+                     r"r(?P<r>\d+)|"
                      r"s(?P<s>\d+)|f(?P<f>\d+))$")
 
 
@@ -78,8 +83,9 @@ def parse_point(item: str, base: CacheSpec | None) -> SweepPoint:
     if not match:
       raise ValueError(
           f"--points item {item!r}: option {option!r} is not understood; "
-          "allowed: pre, post, hadk, hadv, had, rN (residual), sN (sink), "
-          "fN (flush block).")
+          "allowed: pre, post, hadk, hadv, had, nohad, noaff, rsN (rotation "
+          "seed), rN "
+          "(residual), sN (sink), fN (flush block).")
     flag = match["flag"]
     if flag in ("pre", "post"):
       changes["key_rope"] = flag
@@ -89,6 +95,13 @@ def parse_point(item: str, base: CacheSpec | None) -> SweepPoint:
       changes["hadamard_v"] = True
     elif flag == "had":
       changes["hadamard_k"] = changes["hadamard_v"] = True
+    elif flag == "nohad":
+      changes["hadamard_k"] = changes["hadamard_v"] = False
+      changes["rotation_seed"] = None
+    elif flag == "noaff":
+      changes["key_affines"] = ()
+    elif match["rs"]:
+      changes["rotation_seed"] = int(match["rs"])
     elif match["r"]:
       changes["residual"] = int(match["r"])
     elif match["f"]:

@@ -32,6 +32,7 @@ from kvq_jax.cache import check_capacity, init_dense_cache
 from kvq_jax.cache.attention import attention_mask, band_mask, gqa_attention
 from kvq_jax.cache.dense import DenseLayerCache, write_slots
 from kvq_jax.cache.factory import init_cache
+from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.quantized import QuantizedLayerCache
 from kvq_jax.cache.sliding import SlidingDenseLayerCache, ring_tokens
 from kvq_jax.cache.sliding_quantized import (SlidingQuantizedLayerCache,
@@ -86,6 +87,14 @@ CASES = {
     # group) are never read.
     "kivi_r8_w6": (6, CacheSpec(k=INT2_PC4_ASYM, v=INT2_G8_ASYM,
                                 residual=8)),
+    # Lloyd-Max codes after a seeded randomised Hadamard, pre-RoPE keys with
+    # a key affine (issue 14's formats) on a ring.
+    "lloyd_rotated_affine": (7, CacheSpec(
+        k=_q("int4", "lloyd_max"), v=_q("int3", "lloyd_max"), residual=2,
+        key_rope="pre", hadamard_k=True, hadamard_v=True, rotation_seed=1,
+        key_affines=(KeyAffine.from_arrays(
+            np.linspace(-1, 1, K * H).reshape(K, H),
+            np.linspace(0.5, 2.0, K * H).reshape(K, H)),))),
 }
 ATOL = 2e-5
 

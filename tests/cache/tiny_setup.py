@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kvq_jax.cache.factory import init_cache
+from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.params import decoder_from_params, random_params
@@ -48,6 +49,8 @@ INT2_G8_ASYM = _q("int2", "asymmetric", "per_group", 8)
 FP8 = _q("fp8_e4m3")
 INT2_PC8_ASYM = _q("int2", "asymmetric", "per_channel", 8)
 INT4_PC8_ASYM = _q("int4", "asymmetric", "per_channel", 8)
+LM4 = _q("int4", "lloyd_max")
+LM3 = _q("int3", "lloyd_max")
 
 # name -> (config name, CacheSpec). Kept short: every spec costs two
 # compilations. Mixed K/V formats double as coverage of fp8, asymmetric int4
@@ -65,6 +68,14 @@ SWEEP = {
     "pre_rope_hadamard_sinks": ("tiny1", CacheSpec(
         k=INT4_G8, v=INT4_G8, sink=4, residual=3, flush_block=4,
         key_rope="pre", hadamard_k=True, hadamard_v=True, block_size=BLOCK)),
+    # Lloyd-Max codes after a seeded randomised Hadamard, calibrated-style
+    # pre-RoPE key affine, sinks and a residual window (issue 14's formats).
+    "lloyd_rotated_affine": ("tiny1", CacheSpec(
+        k=LM4, v=LM3, sink=2, residual=3, key_rope="pre", hadamard_k=True,
+        hadamard_v=True, rotation_seed=3, key_affines=(KeyAffine.from_arrays(
+            np.linspace(-2, 2, 32).reshape(2, 16),
+            np.linspace(0.5, 2, 32).reshape(2, 16)),),
+        block_size=BLOCK)),
     # Layer 0 full precision (a DenseLayerCache); layer 1 per-channel int4 K
     # with a full-precision V store.
     "override_fp_layer0_k_only_pc8": ("tiny2", CacheSpec(
@@ -78,7 +89,8 @@ SWEEP = {
 SWEEP = {name: (config, dataclasses.replace(spec, window_dtype="float32"))
          for name, (config, spec) in SWEEP.items()}
 # Specs also fed in uneven chunks (one extra compilation each).
-MIXED_SWEEP = ("int4_g8_sym", "kivi_pc8_r8", "pre_rope_hadamard_sinks")
+MIXED_SWEEP = ("int4_g8_sym", "kivi_pc8_r8", "pre_rope_hadamard_sinks",
+               "lloyd_rotated_affine")
 
 
 @functools.lru_cache(maxsize=None)

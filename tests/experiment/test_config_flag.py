@@ -6,9 +6,12 @@ import pathlib
 
 from absl import flags
 import ml_collections
+import numpy as np
 import pytest
 
+from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.calibration.key_stats_store import save_key_stats
 from kvq_jax.experiment import config_flag
 from kvq_jax.experiment.config_flag import (DEFINE_preset_config,
                                             available_presets,
@@ -30,7 +33,16 @@ PRESET_BITS = {
     # Measured here on SmolLM2's shapes (H=64): 27 layers at 5 bits, layers
     # 5, 11, 17 at int8 per token (8 + 16/64).
     "gemma3_int4_global8": (27 * 5.0 + 3 * 8.25) / 30,
+    # Lloyd-Max codes + one bfloat16 scale per 64-element head vector; kvq4
+    # keys (5.0) with int4_lm values (4.25).
+    "tq4": 4.25, "tq3": 3.25, "tq2": 2.25, "kvq4_lmv": (5.0 + 4.25) / 2,
+    # Allocated mixes of int5_lm..int2_lm (b + 0.25 bits): the allocator's
+    # achieved means.
+    "tqmix500": 4.9167, "tqmix425": 4.1667, "tqmix325": 3.1667,
+    "tqmix250": 2.4167,
 }
+# Presets that load calibrated key statistics from this directory.
+KEY_STATS = "runs/key_stats/smollm2-135m"
 
 # Fixed (capacity-independent) cache bytes per sequence, by hand: 30 layers x
 # 3 KV heads x 64 dims x 2 bytes (bfloat16 full-precision regions) x the
@@ -41,7 +53,20 @@ PRESET_BITS = {
 _PER_SLOT = 30 * 3 * 64 * 2
 PRESET_FIXED_BYTES = {"kivi2": _PER_SLOT * (159 + 128),
                       "kivi4": _PER_SLOT * (159 + 128),
-                      "kvq4": _PER_SLOT * 31}
+                      "kvq4": _PER_SLOT * 31,
+                      # + the int4_lm V codebook (16 float32) per layer.
+                      "kvq4_lmv": _PER_SLOT * 31 + 30 * 16 * 4}
+# Per-layer constants of the tq presets: a 2^b-entry float32 codebook for K
+# and for V, and the key affine's float32 shift and scale [3, 64].
+for _b in (4, 3, 2):
+  PRESET_FIXED_BYTES[f"tq{_b}"] = 30 * (2 * 2 ** _b * 4 + 2 * 3 * 64 * 4)
+
+
+def _lloyd_max_constants(spec: CacheSpec) -> int:
+  """Codebook bytes of every layer's K and V + the key statistics."""
+  codebooks = sum(4 * 2 ** s.bits for i in range(30)
+                  for s in (spec.layer(i).k, spec.layer(i).v))
+  return codebooks + 30 * 2 * 3 * 64 * 4
 
 
 def load_preset(name: str) -> ml_collections.ConfigDict:
@@ -77,12 +102,24 @@ def test_available_presets_is_every_config_but_base():
   assert available_presets() == sorted(PRESET_BITS)
 
 
+@pytest.fixture(scope="module", name="key_stats_dir")
+def _key_stats_dir(tmp_path_factory):
+  """Synthetic SmolLM2-shaped key statistics (30 layers, 3 x 64)."""
+  shape = (SMOLLM2.num_kv_heads, SMOLLM2.head_dim)
+  affines = [KeyAffine.from_arrays(np.zeros(shape), np.ones(shape))
+             for _ in range(SMOLLM2.num_layers)]
+  return str(save_key_stats(tmp_path_factory.mktemp("ks"), affines, {}))
+
+
 @pytest.mark.parametrize("name", sorted(PRESET_BITS))
-def test_preset_loads_locked_and_converts(name):
+def test_preset_loads_locked_and_converts(name, key_stats_dir):
   config = load_preset(name)
   assert config.is_locked
   with pytest.raises(AttributeError):
     config.cache.k.nope = 1
+  if config.cache.key_stats:  # produced by experiments.calibrate_keys.
+    assert config.cache.key_stats == KEY_STATS
+    config.cache.key_stats = key_stats_dir
   settings = settings_from_config(config)
   bits = PRESET_BITS[name]
   assert settings.quantize == (name != "baseline")
@@ -93,14 +130,18 @@ def test_preset_loads_locked_and_converts(name):
   assert isinstance(spec, CacheSpec)
   spec.layer(0)  # Per-layer specs rewrite into the cache layout.
   assert theoretical_bits(SMOLLM2, spec, settings.cache_dtype) == pytest.approx(
-      bits)
+      bits, abs=1e-4)
   # The real cache pytree stores exactly the theoretical bytes per token.
   per_token, fixed = cache_bytes(SMOLLM2, spec, settings.cache_dtype)
   assert per_token == pytest.approx(
       bits * 2 * SMOLLM2.num_layers * SMOLLM2.num_kv_heads
-      * SMOLLM2.head_dim / 8)
-  # Fixed bytes: the full-precision windows and sinks only, by hand.
-  assert fixed == PRESET_FIXED_BYTES.get(name, 0)
+      * SMOLLM2.head_dim / 8, rel=1e-4)
+  # Fixed bytes: the full-precision windows and sinks, and the per-layer
+  # constants (codebooks, key statistics), by hand.
+  if name.startswith("tqmix"):
+    assert fixed == _lloyd_max_constants(spec)
+  else:
+    assert fixed == PRESET_FIXED_BYTES.get(name, 0)
 
 
 def test_full_precision_presets_use_their_cache_dtype():

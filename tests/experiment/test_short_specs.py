@@ -13,7 +13,7 @@ NAMES = ["fp", "int8", "int4_g32", "int4_g32_asym", "int2_pc32_asym",
          "int4_g32_asym_clip0.85", "int8_pc64", "int5_g32", "int5_g16_asym",
          "int8_g32_narrow", "int4_pc32_narrow_clip0.9", "q8_0", "q4_0",
          "q4_1", "q5_0", "q5_1", "int4_g64_ggml", "int3_g16_asym_ggml",
-         "int8_narrow_ggml"]
+         "int8_narrow_ggml", "int4_lm", "int2_g32_lm", "int3_lm"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -28,6 +28,8 @@ def test_parsed_fields():
   assert parse_short_spec("int4_g32") == QuantSpec(
       format="int4", granularity="per_group", group_size=32)
   assert parse_short_spec("int4_g32_asym").scheme == "asymmetric"
+  assert parse_short_spec("int3_lm") == QuantSpec(
+      format="int3", scheme="lloyd_max", granularity="per_token")
   kivi = parse_short_spec("int2_pc32_asym")
   assert (kivi.format, kivi.granularity, kivi.group_size, kivi.scheme) == (
       "int2", "per_channel", 32, "asymmetric")

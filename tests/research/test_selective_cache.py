@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.facade import LoadedModel, window_forward
 from kvq_jax.models.params import decoder_from_params, random_params
@@ -30,6 +31,15 @@ OFF = [0, 0]
 POST = CacheSpec(k=INT4_G8, v=INT4_G8, layer_overrides=((1, None, INT8),))
 PRE = CacheSpec(k=INT4_G8, v=INT2_G8_ASYM, key_rope="pre", hadamard_k=True,
                 hadamard_v=True)
+# Issue 14's formats: Lloyd-Max codes, seeded randomised Hadamard, a
+# calibrated-style key affine per layer.
+LM = CacheSpec(
+    k=QuantSpec("int4", "lloyd_max", "per_token"),
+    v=QuantSpec("int3", "lloyd_max", "per_token"), key_rope="pre",
+    hadamard_k=True, hadamard_v=True, rotation_seed=4,
+    key_affines=tuple(KeyAffine.from_arrays(
+        np.full((2, 16), 0.1 * i), np.linspace(0.5, 1.5, 32).reshape(2, 16))
+                      for i in range(2)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -40,7 +50,7 @@ def decoder():
 @functools.lru_cache(maxsize=None)
 def forward(name: str) -> SelectiveForward:
   """Choice 1: the preset's own format; 2: int8 K / int2_g8_asym V."""
-  spec = {"post": POST, "pre": PRE}[name]
+  spec = {"post": POST, "pre": PRE, "lm": LM}[name]
   return SelectiveForward(decoder(), layer_specs(
       CONFIG, spec, extra_k=(INT8,), extra_v=(INT2_G8_ASYM,)))
 
@@ -58,6 +68,7 @@ def real_logits(spec: CacheSpec | None, ids):
 @pytest.mark.parametrize("name, choice, real", [
     ("post", 1, POST),
     ("pre", 1, PRE),
+    ("lm", 1, LM),
 ])
 def test_all_choices_on_match_the_real_quantized_cache(name, choice, real):
   ids = tokens()

@@ -14,7 +14,8 @@ from kvq_jax.experiment.short_specs import parse_short_spec
 from kvq_jax.facade import window_forward
 from kvq_jax.research import sensitivity_table
 from kvq_jax.research.sensitivity import check_formats, plan_probes
-from kvq_jax.research.sensitivity_runner import OUTPUTS, run_layer_sensitivity
+from kvq_jax.research.sensitivity_runner import (OUTPUTS, probe_windows,
+                                                run_layer_sensitivity)
 from tests.experiment import numpy_metrics, tiny_hf_model
 
 L = tiny_hf_model.L
@@ -161,3 +162,15 @@ def test_only_row_matches_a_real_cache_and_a_numpy_oracle(
       want["ppl_quant"] - want["ppl_baseline"], rel=1e-4, abs=1e-4)
   assert sweep["table"]["baseline"]["ppl_baseline"] == pytest.approx(
       want["ppl_baseline"], rel=1e-5)
+
+
+def test_probe_windows_from_the_end_are_disjoint_from_the_start():
+  ids = list(range(1000))
+  start = probe_windows(ids, 100, 3, None, from_end=False)
+  end = probe_windows(ids, 100, 3, None, from_end=True)
+  assert start[0, 0] == 0 and start.shape == end.shape == (3, 100)
+  assert end[-1, -1] == 999 and end[0, 0] == 700
+  with_bos = probe_windows(ids, 100, 2, 7, from_end=True)
+  assert list(with_bos[:, 0]) == [7, 7] and with_bos[-1, -1] == 999
+  with pytest.raises(ValueError, match="no room"):
+    probe_windows(ids[:250], 100, 3, None, from_end=True)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.experiment.short_specs import parse_short_spec
 from kvq_jax.quant import QuantSpec
 from kvq_jax.sweep import runner
 from kvq_jax.sweep.grid import expand_grid, point_name
@@ -114,3 +117,22 @@ def test_flush_option_makes_both_tensors_wait():
   assert layer.full_precision_slots == {"k": 31, "v": 31}
   plain, = parse_points("int4_g32_asym", None, head_dim=64, num_layers=2)
   assert plain.spec.layer(0).full_precision_slots == {"k": 0, "v": 0}
+
+
+def test_rotation_and_affine_options():
+  affines = tuple(KeyAffine.from_arrays(np.zeros((3, 64)), np.ones((3, 64)))
+                  for _ in range(2))
+  base = CacheSpec(k=parse_short_spec("int4_lm"), v=parse_short_spec(
+      "int4_lm"), key_rope="pre", hadamard_k=True, hadamard_v=True,
+                   rotation_seed=0, key_affines=affines)
+  rot, plain, bare, seeded = parse_points(
+      "int3_lm,int4:post:noaff,int4_lm:nohad,int2_lm:noaff:rs9", base,
+      head_dim=64, num_layers=2)
+  assert rot.spec.k == parse_short_spec("int3_lm")
+  assert rot.spec.key_affines == affines and rot.spec.rotation_seed == 0
+  assert plain.spec.key_affines == () and plain.spec.key_rope == "post"
+  assert not bare.spec.hadamard_k and bare.spec.rotation_seed is None
+  assert bare.spec.key_affines == affines
+  assert seeded.spec.layer(1).rotation_key == (9, 1)
+  with pytest.raises(ValueError, match="key_rope='pre'"):
+    parse_points("int4:post", base, head_dim=64, num_layers=2)

@@ -1,0 +1,30 @@
+"""tq3: K and V int3 Lloyd-Max codes + one bfloat16 scale per head
+vector after a randomised Hadamard rotation; keys before RoPE, shifted and
+scaled per channel by calibrated statistics (`configs/base.py`
+`rotated_codebook_config`). Stored 3.25 bits/element, no full-precision token.
+
+Measured (SmolLM2-135M-Instruct, WikiText-2 test, first 40 windows x 512,
+second-half scoring, float32, 2-core CPU; the issue-14 sweep in WORKSPACE.md
+"Rotations, Lloyd-Max codebooks and calibrated keys"): dPPL +2.804 [+2.513, +3.099]
+against baseline PPL 23.5115, KL 0.1053 ± 0.0029, top-1 0.8184 ± 0.0049;
+effective 3.315 bits at 512 tokens, 3.258 at 4096 (codebooks and key
+statistics charged).
+
+Needs the model's key statistics first (10 s):
+  python -m experiments.calibrate_keys --config=tq3 \
+      --workdir=runs/key_stats/smollm2-135m --config.eval.num_windows=40 \
+      --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
+Another model: calibrate into another directory, then --model=NAME
+--config.cache.key_stats=DIR.
+
+Run: python -m experiments.run --config=tq3 \
+  --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
+"""
+
+from __future__ import annotations
+
+from configs import base
+
+
+def get_config():
+  return base.rotated_codebook_config(3, 3)

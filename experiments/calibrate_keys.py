@@ -1,0 +1,47 @@
+r"""Calibrate per-channel key shift and scale (pre-RoPE) for a model.
+
+  python -m experiments.calibrate_keys --config=tq4 \
+      --workdir=runs/key_stats/smollm2-135m \
+      --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
+
+Records the full-precision model's pre-RoPE keys and queries on the last
+--num_calib_windows windows of the text (disjoint from the preset's
+evaluation windows, its first eval.num_windows; asserted) and writes
+WORKDIR/affine (orbax) + WORKDIR/key_stats.json. Presets load it with
+`cache.key_stats = WORKDIR` (see configs/tq4.py).
+"""
+
+import json
+
+from absl import app
+from absl import flags
+
+from kvq_jax.calibration.key_runner import calibrate_keys
+from kvq_jax.calibration.key_stats import KeyStatsOptions
+from kvq_jax.experiment.config_flag import DEFINE_preset_config
+from kvq_jax.experiment.data_flags import DEFINE_data_flags
+
+_CONFIG = DEFINE_preset_config("config", default="tq4")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/key_stats/smollm2-135m",
+                               "output directory")
+_EVAL_DATA, _MODEL = DEFINE_data_flags()
+_NUM_CALIB = flags.DEFINE_integer("num_calib_windows", 4,
+                                  "calibration windows (end of the text)")
+_ALPHA = flags.DEFINE_float("alpha", 0.5, "scale exponent of the key std")
+_BETA = flags.DEFINE_float("beta", 0.0, "scale exponent of the query rms")
+_SHIFT = flags.DEFINE_boolean("shift", True, "subtract the channel mean")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  summary = calibrate_keys(
+      _CONFIG.value, _WORKDIR.value, eval_data=_EVAL_DATA.value,
+      model=_MODEL.value, num_calib_windows=_NUM_CALIB.value,
+      options=KeyStatsOptions(alpha=_ALPHA.value, beta=_BETA.value,
+                              shift=_SHIFT.value))
+  print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,132 @@
+"""Calibrated pre-RoPE key shift/scale: validation, exactness, accounting."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kvq_jax.cache.dense import DenseLayerCache
+from kvq_jax.cache.key_affine import KeyAffine
+from kvq_jax.cache.quantized import QuantizedLayerCache
+from kvq_jax.cache.spec import CacheSpec, LayerSpec
+from kvq_jax.experiment import memory
+from kvq_jax.models.rope import Rope
+from kvq_jax.quant import QuantSpec, codebook
+
+from tests.models.tiny import TINY
+
+B, K, G, H = 2, 2, 2, 16
+ROPE = Rope(theta=10000.0, rotary_dim=H)
+LM4 = QuantSpec("int4", "lloyd_max", "per_token")
+
+
+def _affine(seed=0, k=K, h=H):
+  rng = np.random.default_rng(seed)
+  return KeyAffine.from_arrays(rng.normal(0, 3, (k, h)),
+                               np.exp(rng.normal(0, 1, (k, h))))
+
+
+def test_normalize_denormalize_round_trip():
+  affine = _affine()
+  x = jax.random.normal(jax.random.PRNGKey(0), (B, K, 7, H)) * 5
+  y = affine.normalize(x)
+  shift, scale = affine.arrays()
+  np.testing.assert_allclose(np.asarray(y), (np.asarray(x) - shift[:, None])
+                             / scale[:, None], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(affine.denormalize(y)),
+                             np.asarray(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shift,scale,match", [
+    (np.zeros((2, 4)), np.zeros((2, 4)), "scale"),
+    (np.zeros((2, 4)), np.ones((2, 3)), "same shape"),
+    (np.full((2, 4), np.nan), np.ones((2, 4)), "finite"),
+])
+def test_invalid_affines(shift, scale, match):
+  with pytest.raises(ValueError, match=match):
+    KeyAffine.from_arrays(shift, scale)
+
+
+def test_cache_spec_rules():
+  affines = (_affine(0), _affine(1))
+  with pytest.raises(ValueError, match="key_rope='pre'"):
+    CacheSpec(k=LM4, v=LM4, key_affines=affines)
+  spec = CacheSpec(k=LM4, v=LM4, key_rope="pre", key_affines=affines)
+  assert spec.layer(1).key_affine == affines[1]
+  with pytest.raises(ValueError, match="one per layer"):
+    spec.check_num_layers(3)
+  v_only = CacheSpec(k=None, v=LM4, key_rope="pre", key_affines=affines)
+  assert v_only.layer(0).key_affine is None
+  with pytest.raises(ValueError, match="another model"):
+    QuantizedLayerCache.create(spec.layer(0), B, 16, K + 1, H)
+
+
+def _inputs(total):
+  rng = np.random.default_rng(0)
+  normal = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+  return (normal(B, total, K * G, H), normal(B, total, K, H) * 4 + 2,
+          normal(B, total, K, H))
+
+
+@jax.jit
+def _run(cache, q, k, v):
+  outs = []
+  for start, size in ((0, 9), (9, 1), (10, 6)):
+    positions = cache.length_B[:, None] + jnp.arange(size)[None, :]
+    out, cache = cache.attend(q[:, start:start + size],
+                              k[:, start:start + size],
+                              v[:, start:start + size], positions, ROPE)
+    outs.append(out)
+  return jnp.concatenate(outs, axis=1)
+
+
+def test_full_precision_tokens_with_affine_and_random_rotation_equal_dense():
+  """Sinks + residual window hold every token: the affine and the seeded
+  rotation must be undone exactly on the way back (float32 precision)."""
+  q, k, v = _inputs(16)
+  dense = _run(DenseLayerCache.create(B, 32, K, H), q, k, v)
+  spec = LayerSpec(k=LM4, v=LM4, sink=4, residual=16, key_rope="pre",
+                   hadamard_k=True, hadamard_v=True, rotation_key=(5, 0),
+                   key_affine=_affine(), block_size=16,
+                   window_dtype="float32")
+  out = _run(QuantizedLayerCache.create(spec, B, 32, K, H), q, k, v)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(dense), atol=2e-5)
+
+
+def test_quantized_error_shrinks_with_the_calibrated_shift():
+  """Keys with a large common offset: removing it before per-token
+  quantization gives a much closer attention output."""
+  q, k, v = _inputs(16)
+  k = k + 20.0
+  dense = np.asarray(_run(DenseLayerCache.create(B, 32, K, H), q, k, v))
+  mean = np.asarray(k).reshape(-1, K, H).mean(0)
+  errors = {}
+  for name, affine in (("none", None), ("shift", KeyAffine.from_arrays(
+      mean, np.ones((K, H))))):
+    spec = LayerSpec(k=LM4, v=None, key_rope="pre", hadamard_k=True,
+                     rotation_key=(0, 0), key_affine=affine, block_size=16)
+    out = np.asarray(_run(QuantizedLayerCache.create(spec, B, 32, K, H), q,
+                          k, v))
+    errors[name] = np.linalg.norm(out - dense) / np.linalg.norm(dense)
+  assert errors["shift"] < 0.5 * errors["none"]
+
+
+def test_constants_are_charged_per_layer():
+  config = dataclasses.replace(TINY, num_layers=2)
+  affines = (_affine(0), _affine(1))
+  spec = CacheSpec(k=LM4, v=LM4, key_rope="pre", hadamard_k=True,
+                   hadamard_v=True, rotation_seed=0, key_affines=affines)
+  plain = dataclasses.replace(spec, key_affines=())
+  n = 64
+  with_aff = memory.effective_bytes(config, spec, jnp.float32, n)
+  without = memory.effective_bytes(config, plain, jnp.float32, n)
+  # Per layer: shift + scale, float32 [K, H] each.
+  assert with_aff - without == config.num_layers * 2 * K * H * 4
+  # Per layer: two 16-entry float32 codebooks, codes + bf16 scale per token.
+  per_token = config.num_layers * 2 * K * (H * 4 // 8 + 2)
+  codebooks = config.num_layers * 2 * codebook.centroids(4, H).nbytes
+  assert without == per_token * n + codebooks

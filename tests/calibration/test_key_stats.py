@@ -1,0 +1,88 @@
+"""Key statistics -> KeyAffine: hand cases, orbax round trip, end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvq_jax.calibration.key_runner import calibrate_keys
+from kvq_jax.calibration.key_stats import (KeyStatsOptions, key_affines,
+                                           layer_affine)
+from kvq_jax.calibration.key_stats_store import load_key_stats, save_key_stats
+from kvq_jax.calibration.recording import LayerRecord
+from kvq_jax.experiment.settings import settings_from_config
+from kvq_jax.sweep.points import load_preset
+
+from tests.experiment import tiny_hf_model
+
+
+def _record(k_pre, q):
+  zeros = np.zeros_like(k_pre)
+  return LayerRecord(q_BxTxNxH=q, k_pre_BxTxKxH=k_pre, k_post_BxTxKxH=zeros,
+                     v_BxTxKxH=zeros)
+
+
+def test_hand_computed_shift_and_scale():
+  """K = 1 head, H = 4, rotary 4 (pairs (0, 2), (1, 3)); two tokens."""
+  k = np.array([[[[1.0, 0.0, 10.0, 5.0]], [[3.0, 0.0, 30.0, 5.0]]]])
+  # std per channel: [1, 0 (-> eps), 10, 0 (-> eps)], mean [2, 0, 20, 5].
+  q = np.array([[[[1.0, 2.0, 3.0, 4.0]], [[1.0, 2.0, 3.0, 4.0]]]])
+  # q energies [1, 4, 9, 16] -> pair means [5, 10, 5, 10].
+  eps = 1e-6
+  for alpha, beta in ((0.5, 0.0), (1.0, 0.5)):
+    affine = layer_affine(_record(k, q), rotary_dim=4,
+                          options=KeyStatsOptions(alpha=alpha, beta=beta))
+    shift, scale = affine.arrays()
+    np.testing.assert_allclose(shift, [[2, 0, 20, 5]])
+    raw = (np.array([1, eps, 10, eps]) ** alpha
+           / np.sqrt([5, 10, 5, 10]) ** beta)
+    raw = raw / np.exp(np.mean(np.log(raw)))
+    np.testing.assert_allclose(scale, [raw], rtol=1e-5)
+  no_shift = layer_affine(_record(k, q), 4, KeyStatsOptions(shift=False))
+  np.testing.assert_array_equal(no_shift.arrays()[0], np.zeros((1, 4)))
+
+
+def test_grouped_queries_and_partial_rotary():
+  rng = np.random.default_rng(0)
+  k = rng.normal(size=(2, 50, 2, 8))
+  q = rng.normal(size=(2, 50, 4, 8)) * np.arange(1, 9)
+  affine = layer_affine(_record(k, q), rotary_dim=4,
+                        options=KeyStatsOptions(alpha=0.0, beta=2.0))
+  scale = affine.arrays()[1]
+  assert affine.shape == (2, 8)
+  # beta=2, alpha=0: s = 1/qrms^2; pairs (0, 2), (1, 3) share it, channels
+  # 4..7 (not rotated) keep their own.
+  np.testing.assert_allclose(scale[:, 0], scale[:, 2], rtol=1e-6)
+  np.testing.assert_allclose(scale[:, 1], scale[:, 3], rtol=1e-6)
+  assert np.all(np.diff(scale[:, 4:], axis=1) < 0)
+  with pytest.raises(ValueError, match="rotary_dim"):
+    layer_affine(_record(k, q), rotary_dim=5)
+
+
+def test_store_round_trip(tmp_path):
+  rng = np.random.default_rng(1)
+  records = [_record(rng.normal(size=(1, 20, 2, 8)),
+                     rng.normal(size=(1, 20, 4, 8))) for _ in range(3)]
+  affines = key_affines(records, 8)
+  save_key_stats(tmp_path / "ks", affines, {"model": "synthetic"})
+  assert load_key_stats(tmp_path / "ks") == affines
+  with pytest.raises(ValueError, match="calibrate_keys"):
+    load_key_stats(tmp_path / "missing")
+
+
+def test_calibrate_keys_end_to_end_on_a_tiny_model(tmp_path):
+  model = str(tiny_hf_model.write_tiny_model(tmp_path / "model"))
+  text = str(tiny_hf_model.write_eval_text(tmp_path / "eval.txt"))
+  config = load_preset("tq4")
+  config.model = model
+  config.eval.window_len = 32
+  config.eval.num_windows = 2
+  config.cache.key_stats = ""
+  summary = calibrate_keys(config, str(tmp_path / "ks"), eval_data=text,
+                           num_calib_windows=2)
+  assert summary["evaluation_tokens"][1] <= summary["calibration_tokens"][0]
+  config.cache.key_stats = str(tmp_path / "ks")
+  spec = settings_from_config(config).cache_spec
+  assert len(spec.key_affines) == tiny_hf_model.L
+  assert spec.layer(1).key_affine.shape == (tiny_hf_model.K,
+                                            tiny_hf_model.H)
