@@ -12,11 +12,14 @@ Fields (override any with --config.FIELD=VALUE):
   cache.k, cache.v type (none | int | fp8_e4m3 | fp8_e5m2), bits (int: 8, 5,
                    4, 3, 2), scheme (symmetric: all 2^bits levels, q4_0's
                    rule | symmetric_narrow: 2^bits - 1 levels, q8_0's |
-                   asymmetric), granularity (per_token | per_group |
-                   per_channel), group_size (0 = none), clip_ratio,
-                   scale_dtype, rounding (kvq: scales rounded up, the
-                   project's rule | ggml: llama.cpp's arithmetic, needs
-                   float16 scales and clip_ratio 1; see configs/q4_0.py)
+                   asymmetric | lloyd_max | static: no scale, calibrated
+                   key ranges, see configs/kq4.py), granularity (per_token
+                   | per_group | per_channel), group_size (0 = none),
+                   clip_ratio, scale_dtype, rounding (kvq: scales rounded
+                   up, the project's rule | ggml: llama.cpp's arithmetic,
+                   needs float16 scales and clip_ratio 1; see
+                   configs/q4_0.py), outliers (values per head vector kept
+                   exactly with their index; 0 = none)
   cache.dtype      full-precision cache dtype ('' = dtype); bf16/fp16 presets
   cache.residual, cache.flush_block (0 = auto), cache.sink, cache.key_rope
                    (post | pre), cache.hadamard_k, cache.hadamard_v,
@@ -46,11 +49,11 @@ from kvq_jax.quant.ggml import ggml_spec
 def kv(type: str = "none", bits: int = 4, scheme: str = "symmetric",  # pylint: disable=redefined-builtin
        granularity: str = "per_group", group_size: int = 32,
        clip_ratio: float = 1.0, scale_dtype: str = "bfloat16",
-       rounding: str = "kvq") -> ml_collections.ConfigDict:
+       rounding: str = "kvq", outliers: int = 0) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       type=type, bits=bits, scheme=scheme, granularity=granularity,
       group_size=group_size, clip_ratio=clip_ratio, scale_dtype=scale_dtype,
-      rounding=rounding))
+      rounding=rounding, outliers=outliers))
 
 
 def ggml_kv(name: str) -> ml_collections.ConfigDict:
@@ -103,4 +106,23 @@ def rotated_codebook_config(k_bits: int, v_bits: int,
   c.cache.hadamard_v = True
   c.cache.rotation_seed = 0
   c.cache.key_stats = key_stats
+  return c
+
+
+def static_keys_config(k_bits: int, v_bits: int, key_stats: str,
+                       k_outliers: int = 0) -> ml_collections.ConfigDict:
+  """The kq presets (KVQuant-style keys): K `int{k_bits}_st[_oN]`, static
+  codes in calibrated per-channel ranges before RoPE (key stats from
+  `experiments.calibrate_keys --mode=range`, in `key_stats`), no scale;
+  the first token (the attention sink) kept in bfloat16 for K and V; V
+  `int{v_bits}_lm` after a randomised Hadamard (seed 0)."""
+  c = get_config()
+  c.cache.k = kv(type="int", bits=k_bits, scheme="static",
+                 granularity="per_token", group_size=0, outliers=k_outliers)
+  c.cache.v = lloyd_max_kv(v_bits)
+  c.cache.key_rope = "pre"
+  c.cache.hadamard_v = True
+  c.cache.rotation_seed = 0
+  c.cache.key_stats = key_stats
+  c.cache.sink = 1
   return c

@@ -8,7 +8,8 @@ Records the full-precision model's pre-RoPE keys and queries on the last
 --num_calib_windows windows of the text (disjoint from the preset's
 evaluation windows, its first eval.num_windows; asserted) and writes
 WORKDIR/affine (orbax) + WORKDIR/key_stats.json. Presets load it with
-`cache.key_stats = WORKDIR` (see configs/tq4.py).
+`cache.key_stats = WORKDIR` (see configs/tq4.py). --mode=range writes the
+calibrated per-channel ranges static keys need (see configs/kq4.py).
 """
 
 import json
@@ -30,6 +31,17 @@ _NUM_CALIB = flags.DEFINE_integer("num_calib_windows", 4,
 _ALPHA = flags.DEFINE_float("alpha", 0.5, "scale exponent of the key std")
 _BETA = flags.DEFINE_float("beta", 0.0, "scale exponent of the query rms")
 _SHIFT = flags.DEFINE_boolean("shift", True, "subtract the channel mean")
+_MODE = flags.DEFINE_enum("mode", "std", ["std", "range"],
+                          "std: spread normalisation (tq presets); range: "
+                          "calibrated ranges for static keys (kq presets)")
+_QUANTILE = flags.DEFINE_float("range_quantile", 1.0,
+                               "range mode: the quantile p of [Q(1-p), Q(p)]")
+_CODEBOOK_BITS = flags.DEFINE_list(
+    "codebook_bits", [], "range mode: fit per-layer level codebooks for "
+    "static keys of these bit widths (e.g. 2,3,4); none: uniform levels")
+_OUTLIERS = flags.DEFINE_integer(
+    "outliers", 0, "range mode: largest |z| per key vector left out of the "
+    "codebook fit (the keys' QuantSpec.outliers)")
 
 
 def main(argv):
@@ -39,7 +51,11 @@ def main(argv):
       _CONFIG.value, _WORKDIR.value, eval_data=_EVAL_DATA.value,
       model=_MODEL.value, num_calib_windows=_NUM_CALIB.value,
       options=KeyStatsOptions(alpha=_ALPHA.value, beta=_BETA.value,
-                              shift=_SHIFT.value))
+                              shift=_SHIFT.value, mode=_MODE.value,
+                              range_quantile=_QUANTILE.value,
+                              codebook_bits=tuple(
+                                  int(b) for b in _CODEBOOK_BITS.value),
+                              outliers=_OUTLIERS.value))
   print(json.dumps(summary, indent=1))
 
 

@@ -14,6 +14,12 @@ and s from calibration windows). Both are per-layer constants charged in the
 effective bits (`constant_leaves`); they need key_rope='pre' (a shift does
 not commute with RoPE).
 
+Two modes, from the calibration (`KeyStatsOptions.mode`): "std" (s a
+relative spread, normalised to geometric mean 1 per head: for formats with
+their own per-token scale) and "range" (mu the centre and s the half-width
+of the calibrated range, so that range becomes [-1, 1]: for scheme='static'
+keys, which store no scale at all).
+
 `KeyAffine` is static configuration: hashable tuples, so it can live in the
 frozen `CacheSpec` / `LayerSpec` and be baked into compiled programs.
 """
@@ -26,15 +32,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+MODES = ("std", "range")
+
 
 @dataclasses.dataclass(frozen=True)
 class KeyAffine:
-  """shift / scale: [K][H] nested tuples of floats (kv heads x head_dim)."""
+  """shift / scale: [K][H] nested tuples of floats (kv heads x head_dim);
+  mode: "std" or "range" (module docstring); codebooks: ((bits, levels),
+  ...), calibrated levels of the normalised keys for static keys of that
+  many bits (range mode; `QuantSpec.levels`), () for uniform levels."""
 
   shift: tuple[tuple[float, ...], ...]
   scale: tuple[tuple[float, ...], ...]
+  mode: str = "std"
+  codebooks: tuple = ()
 
   def __post_init__(self):
+    if self.mode not in MODES:
+      raise ValueError(f"KeyAffine.mode={self.mode!r}: allowed: "
+                       f"{', '.join(MODES)}.")
     shift = np.asarray(self.shift, np.float32)
     scale = np.asarray(self.scale, np.float32)
     if shift.ndim != 2 or shift.shape != scale.shape:
@@ -45,20 +61,36 @@ class KeyAffine:
             and np.all(scale > 0)):
       raise ValueError("KeyAffine: shift must be finite and scale finite and "
                        "> 0 everywhere.")
+    books = tuple(sorted((int(b), tuple(np.asarray(c, np.float32).tolist()))
+                         for b, c in dict(self.codebooks).items()))
+    if books and self.mode != "range":
+      raise ValueError("KeyAffine.codebooks need mode='range' (they are "
+                       "levels of static keys).")
+    if any(len(c) != 2 ** b for b, c in books):
+      raise ValueError("KeyAffine.codebooks: allowed: (bits, 2^bits levels) "
+                       "pairs.")
+    object.__setattr__(self, "codebooks", books)
     object.__setattr__(self, "shift", tuple(map(tuple, shift.tolist())))
     object.__setattr__(self, "scale", tuple(map(tuple, scale.tolist())))
 
   @classmethod
-  def from_arrays(cls, shift_KxH, scale_KxH) -> KeyAffine:
+  def from_arrays(cls, shift_KxH, scale_KxH, mode: str = "std",
+                  codebooks=()) -> KeyAffine:
     return cls(shift=np.asarray(shift_KxH, np.float32),
-               scale=np.asarray(scale_KxH, np.float32))
+               scale=np.asarray(scale_KxH, np.float32), mode=mode,
+               codebooks=tuple(dict(codebooks).items()))
+
+  def levels(self, bits: int) -> tuple[float, ...]:
+    """The calibrated levels for `bits`-bit static keys, () if none."""
+    return dict(self.codebooks).get(bits, ())
 
   @property
   def shape(self) -> tuple[int, int]:
     return (len(self.shift), len(self.shift[0]))
 
   def arrays(self) -> list[np.ndarray]:
-    """[shift, scale] as float32 [K, H] (what the cache holds per layer)."""
+    """[shift, scale] as float32 [K, H] (what the cache holds per layer; a
+    codebook in use is charged with the key spec, `QuantSpec.levels`)."""
     return [np.asarray(self.shift, np.float32),
             np.asarray(self.scale, np.float32)]
 

@@ -55,6 +55,7 @@ call).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -118,6 +119,21 @@ def token_group(spec: QuantSpec | None) -> int:
   return 1
 
 
+def map_store(token_fn, group_fn, *stores: QuantizedArray) -> QuantizedArray:
+  """The first store with each leaf replaced by `token_fn` (data, outliers:
+  one row per token) or `group_fn` (scale, zero: one row per token group)
+  applied to that leaf of every store in turn; absent leaves stay None."""
+  def leaf(fn, name):
+    values = [getattr(st, name) for st in stores]
+    return None if values[0] is None else fn(*values)
+
+  return dataclasses.replace(
+      stores[0], data=leaf(token_fn, "data"), scale=leaf(group_fn, "scale"),
+      zero=leaf(group_fn, "zero"),
+      outlier_value=leaf(token_fn, "outlier_value"),
+      outlier_index=leaf(token_fn, "outlier_index"))
+
+
 def empty_store(spec: QuantSpec | None, shape, dtype) -> Store:
   """All-zero storage (codes, scales and zeros 0), built without quantizing.
 
@@ -142,7 +158,6 @@ def _scatter_tokens(store: Store, rows: Store, slots_L: jax.Array,
 
   if spec is None:
     return put(store, rows, index_L)
-  data = put(store.data, rows.data, index_L)
   if spec.granularity == "per_channel":
     g = spec.group_size
     group_index = slots_L[::g] // g
@@ -150,10 +165,8 @@ def _scatter_tokens(store: Store, rows: Store, slots_L: jax.Array,
     scale_index = jnp.where(group_keep, group_index, capacity // g)
   else:
     scale_index = index_L
-  scale = put(store.scale, rows.scale, scale_index)
-  zero = None if rows.zero is None else put(store.zero, rows.zero, scale_index)
-  return QuantizedArray(data=data, scale=scale, zero=zero, spec=store.spec,
-                        last_dim=store.last_dim, dtype=store.dtype)
+  return map_store(lambda d, r: put(d, r, index_L),
+                   lambda d, r: put(d, r, scale_index), store, rows)
 
 
 def _slice_store(store: Store, start: jax.Array, size: int,
@@ -175,13 +188,8 @@ def _slice_store(store: Store, start: jax.Array, size: int,
   if spec is None:
     return take(store, start, size)
   g = token_group(spec)
-  scale_start, scale_size = (start // g, size // g) if g > 1 else (start, size)
-  return QuantizedArray(
-      data=take(store.data, start, size),
-      scale=take(store.scale, scale_start, scale_size),
-      zero=None if store.zero is None else take(store.zero, scale_start,
-                                                scale_size),
-      spec=store.spec, last_dim=store.last_dim, dtype=store.dtype)
+  return map_store(lambda x: take(x, start, size),
+                   lambda x: take(x, start // g, size // g), store)
 
 
 def read_store(store: Store, spec: QuantSpec | None) -> jax.Array:

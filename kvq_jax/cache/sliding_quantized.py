@@ -68,16 +68,15 @@ from kvq_jax.cache import hadamard
 from kvq_jax.cache.attention import band_mask, block_attention, merge_states
 from kvq_jax.cache.quantized import (Store, attention_output,
                                      check_key_affine, check_positions,
-                                     committed_end,
-                                     empty_store, fresh_tokens,
-                                     incoming_tokens, layer_constants, keys_for_scores,
-                                     read_store, round_up, scaled_queries,
-                                     token_group)
+                                     committed_end, empty_store, fresh_tokens,
+                                     incoming_tokens, keys_for_scores,
+                                     layer_constants, map_store, read_store,
+                                     round_up, scaled_queries, token_group)
 from kvq_jax.cache.sliding import check_window, ring_update
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.kernels.dispatch import choose_implementation
 from kvq_jax.models.rope import Rope
-from kvq_jax.quant import QuantizedArray, QuantSpec
+from kvq_jax.quant import QuantSpec
 
 RING_PALLAS_REASON = (
     "a sliding-window layer keeps its quantized tokens in a ring buffer "
@@ -104,12 +103,10 @@ def _write_ring(ring: Store, rows: Store, start: jax.Array, end: jax.Array,
   if qspec is None:
     return ring_update(ring, rows, start, end, axis=1)
   g = token_group(qspec)
-  group = lambda dst, src: ring_update(dst, src, start // g, end // g, axis=1)
-  return QuantizedArray(
-      data=ring_update(ring.data, rows.data, start, end, axis=1),
-      scale=group(ring.scale, rows.scale),
-      zero=None if ring.zero is None else group(ring.zero, rows.zero),
-      spec=ring.spec, last_dim=ring.last_dim, dtype=ring.dtype)
+  return map_store(
+      lambda dst, src: ring_update(dst, src, start, end, axis=1),
+      lambda dst, src: ring_update(dst, src, start // g, end // g, axis=1),
+      ring, rows)
 
 
 def _band_views(ring: Store, rows: Store, e_KxLxH: jax.Array,

@@ -164,6 +164,12 @@ class LayerSpec:
       if spec.is_codebook:
         return (f"{name}.scheme='lloyd_max': the decode kernel dequantizes "
                 "with a scale and an offset, not a codebook lookup.")
+      if not spec.has_scale:
+        return (f"{name}.scheme='static': the decode kernel reads a stored "
+                "scale per group, which a fixed-range format does not have.")
+      if spec.outliers:
+        return (f"{name}.outliers={spec.outliers}: the decode kernel does "
+                "not write sparse outliers back.")
       if spec.format not in SUPPORTED_FORMATS:
         return (f"{name}.format={spec.format!r}: the decode kernel unpacks "
                 "integer codes whose bit width divides 8; supported: "
@@ -215,7 +221,11 @@ class CacheSpec:
     key_affines: () or one `KeyAffine` per layer: calibrated per-channel
       shift and scale of the pre-RoPE keys (`kvq_jax.cache.key_affine`),
       applied before quantization and undone at read time; needs
-      key_rope='pre'.
+      key_rope='pre'. Keys with scheme='static' (KVQuant: no scale per
+      token, no full-precision window) need affines in range mode and
+      hadamard_k False; values cannot be static. Where an affine carries a
+      codebook for the static keys' bit width, `layer(i)` uses it as their
+      levels.
     block_size: cache slots per block of the blockwise attention (XLA path);
       bounds the dequantized temporaries of a decode step.
     attention_impl: decode attention over the storage: "xla" | "pallas" | an
@@ -309,8 +319,29 @@ class CacheSpec:
     for i, (k, v) in enumerate([(self.k, self.v)] + [o[1:] for o in overrides]):
       _to_cache_layout(k, "k" if i == 0 else f"layer_overrides[{i-1}].k")
       _to_cache_layout(v, "v" if i == 0 else f"layer_overrides[{i-1}].v")
+    self._check_static()
     if normalize_implementation(self.attention_impl) == ("pallas",):
       self._check_explicit_pallas(overrides)
+
+  def _check_static(self) -> None:
+    """scheme='static' keys need calibrated ranges (module docstring)."""
+    specs = [self.k, self.v] + [s for o in self.layer_overrides for s in o[1:]]
+    names = ["k", "v"] + [f"layer_overrides[{i}].{t}"
+                          for i in range(len(self.layer_overrides))
+                          for t in ("k", "v")]
+    for name, spec in zip(names, specs):
+      if spec is None or spec.has_scale:
+        continue
+      if name.endswith("v"):
+        raise ValueError(
+            f"CacheSpec.{name}.scheme='static' has no calibrated ranges "
+            "(only keys are calibrated: experiments.calibrate_keys "
+            "--mode=range); allowed for values: every other scheme.")
+      if self.hadamard_k:
+        raise ValueError(
+            f"CacheSpec.{name}.scheme='static' quantizes each key channel "
+            "in its calibrated range, which hadamard_k would mix; allowed: "
+            "hadamard_k=False.")
 
   def _check_explicit_pallas(self, overrides) -> None:
     """attention_impl='pallas' on a cache the kernel can never read."""
@@ -334,7 +365,18 @@ class CacheSpec:
 
   def check_num_layers(self, num_layers: int) -> None:
     """ValueError if a layer override names a layer the model does not have,
-    or the key affines are not one per layer."""
+    the key affines are not one per layer, or static keys lack affines in
+    range mode (checked here, when the cache is built, so a preset can be
+    loaded to calibrate them)."""
+    static = [s for s in self._all_specs() if s is not None and not s.has_scale]
+    if static and (not self.key_affines
+                   or any(a.mode != "range" for a in self.key_affines)):
+      raise ValueError(
+          "CacheSpec: keys with scheme='static' need key_affines calibrated "
+          "in range mode (cache.key_stats from `experiments.calibrate_keys "
+          "--mode=range`), which map each key channel's range to [-1, 1]; "
+          f"got {len(self.key_affines)} affines, modes "
+          f"{sorted({a.mode for a in self.key_affines})}.")
     if self.key_affines and len(self.key_affines) != num_layers:
       raise ValueError(
           f"CacheSpec.key_affines has {len(self.key_affines)} entries, the "
@@ -364,6 +406,8 @@ class CacheSpec:
     affine = None
     if self.key_affines and k is not None:
       affine = self.key_affines[index]
+      if not k.has_scale and not k.levels and affine.levels(k.bits):
+        k = dataclasses.replace(k, levels=affine.levels(k.bits))
     return LayerSpec(k=_to_cache_layout(k, "k"), v=_to_cache_layout(v, "v"),
                      flush_k=self._flush(k), flush_v=self._flush(v),
                      rotation_key=key, key_affine=affine, **shared)

@@ -50,11 +50,12 @@ def fake_quant(x: jax.Array, spec: QuantSpec, clip: jax.Array) -> jax.Array:
   ignored too: codes always use kvq's rounding (round half to even from the
   float32 scale); ggml's differs only at ties and by its float16 scales.
   """
-  if spec.is_codebook:
+  if spec.is_codebook or not spec.has_scale or spec.outliers:
     raise ValueError(
-        f"fake_quant: scheme={spec.scheme!r} has no clip ratio to calibrate "
-        "(its codebook fixes the levels); allowed: symmetric, "
-        "symmetric_narrow, asymmetric, fp8.")
+        f"fake_quant: scheme={spec.scheme!r}, outliers={spec.outliers}: no "
+        "per-group clip ratio to calibrate (a codebook or a calibrated range "
+        "fixes the levels; outliers are not emulated); allowed: symmetric, "
+        "symmetric_narrow, asymmetric, fp8 without outliers.")
   shape = x.shape
   xg, red = _grouped(x.astype(jnp.float32), spec)
   tiny = jnp.finfo(jnp.float32).tiny

@@ -51,6 +51,9 @@ def calibrate_keys(config: ml_collections.ConfigDict, workdir: str,
       "evaluation_tokens": list(split.eval_range),
       "window_len": settings.eval.window_len,
       "num_calib_windows": num_calib_windows,
+      "mode": options.mode, "range_quantile": options.range_quantile,
+      "codebook_bits": list(options.codebook_bits),
+      "outliers": options.outliers,
       "alpha": options.alpha, "beta": options.beta, "shift": options.shift,
       "seconds": round(time.perf_counter() - started, 2)}
   path = save_key_stats(workdir, affines, metadata)

@@ -12,7 +12,23 @@ For one layer, with pre-RoPE keys k [.., K, H] and post-RoPE queries q
            key channel meets is the pair's mean energy)
   s_c    = sd_c^alpha / qrms_c^beta, normalised to geometric mean 1 per head
 
-and the cache stores (k - mu) / s (`kvq_jax.cache.key_affine`). For an
+and the cache stores (k - mu) / s (`kvq_jax.cache.key_affine`). That is
+mode "std". Mode "range" (for scheme='static' keys, KVQuant's calibrated
+per-channel ranges) instead takes, per kv head and channel, the quantiles
+lo = Q(1 - p) and hi = Q(p) of k over the calibration tokens (p =
+range_quantile; 1: min and max) and sets
+
+  mu_c = (lo + hi) / 2,   s_c = max((hi - lo) / 2, 1e-6)
+
+so the calibrated range maps to [-1, 1]; keys beyond it saturate unless
+they are kept as outliers (`QuantSpec.outliers`). With codebook_bits, range
+mode also fits, per layer and bit width b, 2^b levels for static keys
+(KVQuant's non-uniform "nuq" datatype): a weighted 1-D k-means (Lloyd's
+algorithm from the quantiles (i + 1/2) / 2^b, 100 iterations) over every
+normalised calibration key z = (k - mu) / s of the layer, except the
+`outliers` largest |z| of each vector (kept exactly at run time), weighted
+by s_c^2 qrms_c^2: the expected squared change of a score q . k per unit
+of error on z_c. For an
 isotropic error on the stored key, (alpha, beta) = (0.5, 0.5) would
 minimise E[(q . dk)^2]; the default (0.5, 0) was picked from a quick 4-window
 comparison of a few exponent pairs on SmolLM2 (a prototype, not a landed
@@ -27,7 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kvq_jax.cache.key_affine import KeyAffine
+from kvq_jax.cache.key_affine import MODES, KeyAffine
 from kvq_jax.calibration.recording import LayerRecord
 
 _EPS = 1e-6
@@ -35,12 +51,32 @@ _EPS = 1e-6
 
 @dataclasses.dataclass(frozen=True)
 class KeyStatsOptions:
-  """alpha, beta: the exponents of s (module docstring); shift: subtract
-  the mean (False: mu = 0)."""
+  """mode: "std" or "range"; alpha, beta: the exponents of s and shift:
+  subtract the mean (False: mu = 0), in std mode; range_quantile: p of range
+  mode, in (0.5, 1] (module docstring)."""
 
   alpha: float = 0.5
   beta: float = 0.0
   shift: bool = True
+  mode: str = "std"
+  range_quantile: float = 1.0
+  codebook_bits: tuple[int, ...] = ()
+  outliers: int = 0
+
+  def __post_init__(self):
+    if self.mode not in MODES:
+      raise ValueError(f"KeyStatsOptions.mode={self.mode!r}: allowed: "
+                       f"{', '.join(MODES)}.")
+    if self.codebook_bits and self.mode != "range":
+      raise ValueError("KeyStatsOptions.codebook_bits needs mode='range'.")
+    if any(b not in (2, 3, 4, 5, 8) for b in self.codebook_bits):
+      raise ValueError(
+          f"KeyStatsOptions.codebook_bits={self.codebook_bits}: allowed: "
+          "bit widths among 2, 3, 4, 5, 8.")
+    if not 0.5 < self.range_quantile <= 1.0:
+      raise ValueError(
+          f"KeyStatsOptions.range_quantile={self.range_quantile!r}: allowed: "
+          "a float in (0.5, 1].")
 
 
 def _pair_mean(energy_KxH: np.ndarray, rotary_dim: int) -> np.ndarray:
@@ -67,13 +103,46 @@ def layer_affine(record: LayerRecord, rotary_dim: int,
         "<= head_dim.")
   k = k.reshape(-1, kh, h)
   q = q.reshape(-1, kh, n // kh, h)
+  qrms2 = np.maximum(_pair_mean(np.mean(q * q, axis=(0, 2)), rotary_dim),
+                     _EPS ** 2)
+  if options.mode == "range":
+    p = options.range_quantile
+    lo, hi = np.quantile(k, [1.0 - p, p], axis=0)
+    mu, s = (lo + hi) / 2, np.maximum((hi - lo) / 2, _EPS)
+    z = (k - mu) / s
+    weight = np.broadcast_to(s * s * qrms2, z.shape)
+    if options.outliers:
+      rank = np.argsort(np.argsort(-np.abs(z), axis=-1), axis=-1)
+      keep = rank >= options.outliers
+      z, weight = z[keep], weight[keep]
+    books = {b: weighted_lloyd(z.ravel(), weight.ravel(), 2 ** b)
+             for b in options.codebook_bits}
+    return KeyAffine.from_arrays(mu, s, mode="range", codebooks=books)
   mu = k.mean(axis=0) if options.shift else np.zeros((kh, h))
   sd = np.maximum(k.std(axis=0), _EPS)
-  qrms = np.sqrt(np.maximum(
-      _pair_mean(np.mean(q * q, axis=(0, 2)), rotary_dim), _EPS ** 2))
-  s = sd ** options.alpha / qrms ** options.beta
+  s = sd ** options.alpha / np.sqrt(qrms2) ** options.beta
   s = s / np.exp(np.mean(np.log(s), axis=-1, keepdims=True))
   return KeyAffine.from_arrays(mu, s)
+
+
+def weighted_lloyd(x: np.ndarray, w: np.ndarray, count: int,
+                   iterations: int = 100) -> np.ndarray:
+  """`count` increasing levels minimising sum w (x - c[nearest])^2 (1-D
+  k-means by Lloyd's algorithm, started from the quantiles (i + 1/2) /
+  count of x); an empty cell keeps its level."""
+  order = np.argsort(x)
+  xs, ws = x[order], w[order]
+  cw = np.concatenate([[0.0], np.cumsum(ws)])
+  cwx = np.concatenate([[0.0], np.cumsum(ws * xs)])
+  c = np.quantile(xs, (np.arange(count) + 0.5) / count)
+  for _ in range(iterations):
+    edges = np.concatenate([[0], np.searchsorted(xs, (c[1:] + c[:-1]) / 2,
+                                                 side="right"), [xs.size]])
+    wsum = cw[edges[1:]] - cw[edges[:-1]]
+    c = np.where(wsum > 0, (cwx[edges[1:]] - cwx[edges[:-1]])
+                 / np.where(wsum > 0, wsum, 1.0), c)
+    c = np.maximum.accumulate(c + np.arange(count) * 1e-6)
+  return c
 
 
 def key_affines(records: Sequence[LayerRecord], rotary_dim: int,

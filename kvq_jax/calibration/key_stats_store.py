@@ -2,9 +2,11 @@
 
 Layout of a key-stats directory:
   affine/          orbax StandardCheckpointer: {"shift": float32 [L, K, H],
-                   "scale": float32 [L, K, H]}
-  key_stats.json   shapes, the options and where the calibration data came
-                   from (model, text, token range).
+                   "scale": float32 [L, K, H], "codebook_B": float32
+                   [L, 2^B] for each calibrated bit width B}
+  key_stats.json   shapes, the affines' mode ("std" or "range"), the
+                   options and where the calibration data came from (model,
+                   text, token range).
 A preset loads it with `config.cache.key_stats = 'DIR'`
 (`kvq_jax.experiment.settings`).
 """
@@ -33,11 +35,25 @@ def save_key_stats(path: str | os.PathLike, affines: Sequence[KeyAffine],
   root.mkdir(parents=True, exist_ok=True)
   shift = np.stack([a.arrays()[0] for a in affines])
   scale = np.stack([a.arrays()[1] for a in affines])
+  bits = sorted({b for a in affines for b, _ in a.codebooks})
+  if any(sorted(dict(a.codebooks)) != bits for a in affines):
+    raise ValueError("save_key_stats: every layer needs codebooks for the "
+                     "same bit widths.")
+  tree = {"shift": shift, "scale": scale}
+  for b in bits:
+    tree[f"codebook_{b}"] = np.stack(
+        [np.asarray(a.levels(b), np.float32) for a in affines])
   checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(root / TREE, {"shift": shift, "scale": scale}, force=True)
+  checkpointer.save(root / TREE, tree, force=True)
   checkpointer.wait_until_finished()
+  modes = {a.mode for a in affines}
+  if len(modes) != 1:
+    raise ValueError(f"save_key_stats: affines of modes {sorted(modes)}; "
+                     "allowed: one mode for all layers.")
   (root / SIDECAR).write_text(json.dumps(
-      {"shape": list(shift.shape), "metadata": metadata}, indent=1))
+      {"shape": list(shift.shape), "mode": modes.pop(),
+       "codebook_bits": bits,
+       "metadata": metadata}, indent=1))
   return root
 
 
@@ -46,12 +62,18 @@ def _load(root: str, mtime_ns: int) -> tuple[KeyAffine, ...]:
   del mtime_ns  # part of the cache key: a rewritten directory reloads.
   sidecar = json.loads((pathlib.Path(root) / SIDECAR).read_text())
   shape = tuple(sidecar["shape"])
+  bits = sidecar.get("codebook_bits", [])
   target = {"shift": np.empty(shape, np.float32),
             "scale": np.empty(shape, np.float32)}
+  for b in bits:
+    target[f"codebook_{b}"] = np.empty((shape[0], 2 ** b), np.float32)
   tree = ocp.StandardCheckpointer().restore(pathlib.Path(root) / TREE, target)
-  return tuple(KeyAffine.from_arrays(s, c)
-               for s, c in zip(np.asarray(tree["shift"]),
-                               np.asarray(tree["scale"])))
+  mode = sidecar.get("mode", "std")  # written before modes existed: std.
+  return tuple(
+      KeyAffine.from_arrays(
+          tree["shift"][i], tree["scale"][i], mode,
+          {b: np.asarray(tree[f"codebook_{b}"][i]) for b in bits})
+      for i in range(shape[0]))
 
 
 def load_key_stats(path: str | os.PathLike) -> tuple[KeyAffine, ...]:

@@ -51,7 +51,7 @@ from kvq_jax.cache.sliding_quantized import (SlidingQuantizedLayerCache,
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.loaders import param_layout
 from kvq_jax.models.config import ModelConfig
-from kvq_jax.quant import bits_per_element
+from kvq_jax.quant import cache_bits_per_element
 
 _PROBE_SLOTS = 4096
 
@@ -294,8 +294,8 @@ def theoretical_bits(config: ModelConfig, spec: CacheSpec | None,
   for i in layers:
     layer = None if spec is None else spec.layer(i)
     for s in ((None, None) if layer is None else (layer.k, layer.v)):
-      total += full_bits if s is None else bits_per_element(s, config.head_dim
-                                                            if s.granularity == "per_token" else None)
+      total += (full_bits if s is None
+                else cache_bits_per_element(s, config.head_dim))
   return total / (2 * len(layers))
 
 

@@ -80,7 +80,8 @@ def quant_spec_from_config(kv: ml_collections.ConfigDict,
     return QuantSpec(
         format=fmt, scheme=kv.scheme, granularity=kv.granularity,
         group_size=kv.group_size or None, clip_ratio=float(kv.clip_ratio),
-        scale_dtype=kv.scale_dtype, rounding=kv.get("rounding", "kvq"))
+        scale_dtype=kv.scale_dtype, rounding=kv.get("rounding", "kvq"),
+        outliers=kv.get("outliers", 0))
   except ValueError as e:
     raise ValueError(f"config.{field}: {e}") from e
 

@@ -2,16 +2,19 @@
 
 Grammar: `fp` (full precision) | a llama.cpp type (`q8_0`, `q4_0`, `q4_1`,
 `q5_0`, `q5_1`: `kvq_jax.quant.ggml_spec`, bit-exact with llama.cpp) |
-`FORMAT[_gN | _pcN][_asym | _narrow | _lm][_ggml][_clipR]` where FORMAT is int8,
+`FORMAT[_gN | _pcN][_asym | _narrow | _lm | _st][_oN][_ggml][_clipR]` where
+FORMAT is int8,
 int5, int4, int3, int2, fp8_e4m3 or fp8_e5m2; `_gN` groups N elements along
 head_dim (per_group), `_pcN` groups N tokens per channel (per_channel, KIVI
 keys); neither means per_token; no scheme suffix means symmetric (all 2^bits
 levels), `_asym` asymmetric, `_narrow` symmetric_narrow (2^bits - 1 levels),
-`_lm` lloyd_max (a norm per group and Lloyd-Max codebook codes; int5..int2);
+`_lm` lloyd_max (a norm per group and Lloyd-Max codebook codes; int5..int2),
+`_st` static (no scale: calibrated key ranges, KVQuant; keys only); `_oN`
+keeps N outliers per vector exactly (dense-and-sparse);
 `_ggml` selects rounding='ggml' with float16 scales (otherwise rounding
 'kvq' with bfloat16 scales); `_clipR` sets clip_ratio (e.g. `_clip0.9`).
 Examples: `int8`, `int4_g32`, `int4_g32_asym`, `int2_pc32_asym`,
-`int8_g32_narrow`, `int4_lm`, `q4_0`. `short_name` writes the llama.cpp name for
+`int8_g32_narrow`, `int4_lm`, `int4_st_o1`, `q4_0`. `short_name` writes the llama.cpp name for
 exactly those specs (so `int4_g32_ggml` comes back as `q4_0`).
 """
 
@@ -24,10 +27,12 @@ from kvq_jax.quant import GGML_TYPES, QuantSpec, ggml_name, ggml_spec
 _PATTERN = re.compile(
     r"^(?P<format>int8|int5|int4|int3|int2|fp8_e4m3|fp8_e5m2)"
     r"(?:_g(?P<group>\d+)|_pc(?P<channel>\d+))?"
-    r"(?P<scheme>_asym|_narrow|_lm)?(?P<ggml>_ggml)?"
+    r"(?P<scheme>_asym|_narrow|_lm|_st)?(?:_o(?P<outliers>\d+))?"
+    r"(?P<ggml>_ggml)?"
     r"(?:_clip(?P<clip>[0-9]*\.?[0-9]+))?$")
 _SCHEMES = {None: "symmetric", "_asym": "asymmetric",
-            "_narrow": "symmetric_narrow", "_lm": "lloyd_max"}
+            "_narrow": "symmetric_narrow", "_lm": "lloyd_max",
+            "_st": "static"}
 _SUFFIXES = {v: k or "" for k, v in _SCHEMES.items()}
 
 
@@ -41,7 +46,8 @@ def parse_short_spec(text: str) -> QuantSpec | None:
   if not match:
     raise ValueError(
         f"cache format {text!r} is not understood; allowed: 'fp' or "
-        "FORMAT[_gN|_pcN][_asym|_narrow|_lm][_ggml][_clipR] (e.g. int8, "
+        "FORMAT[_gN|_pcN][_asym|_narrow|_lm|_st][_oN][_ggml][_clipR] (e.g. "
+        "int8, "
         "int4_g32, int4_g32_asym, int2_pc32_asym, int8_g32_narrow, "
         f"fp8_e4m3) or a llama.cpp type: {', '.join(GGML_TYPES)}.")
   granularity, group = "per_token", None
@@ -55,6 +61,7 @@ def parse_short_spec(text: str) -> QuantSpec | None:
         format=match["format"], scheme=_SCHEMES[match["scheme"]],
         granularity=granularity, group_size=group,
         clip_ratio=float(match["clip"]) if match["clip"] else 1.0,
+        outliers=int(match["outliers"] or 0),
         scale_dtype="float16" if ggml else "bfloat16",
         rounding="ggml" if ggml else "kvq")
   except ValueError as e:
@@ -73,6 +80,8 @@ def short_name(spec: QuantSpec | None) -> str:
   elif spec.granularity == "per_channel":
     name += f"_pc{spec.group_size}"
   name += _SUFFIXES[spec.scheme]
+  if spec.outliers:
+    name += f"_o{spec.outliers}"
   if spec.rounding == "ggml":
     name += "_ggml"
   if spec.clip_ratio != 1.0:

@@ -86,6 +86,13 @@ def describe_packed(x: Any, head_dim: int, name: str,
     return (f"{name}.spec.scheme={spec.scheme!r}: the decode kernel turns "
             "codes into values with a scale and an offset; a codebook "
             "lookup is not implemented (use attention_impl='xla').")
+  if not getattr(spec, "has_scale", True):
+    return (f"{name}.spec.scheme='static': the decode kernel reads a stored "
+            "scale per group; a fixed-range format is not implemented (use "
+            "attention_impl='xla').")
+  if getattr(spec, "outliers", 0):
+    return (f"{name}.spec.outliers={spec.outliers}: the decode kernel does "
+            "not write sparse outliers back (use attention_impl='xla').")
   gran = spec.granularity
   if gran not in SUPPORTED_GRANULARITIES:
     return (f"{name}.spec.granularity={gran!r} is not supported by the decode "

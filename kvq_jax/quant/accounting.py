@@ -16,7 +16,9 @@ def bits_per_element(spec: QuantSpec, axis_len: int | None = None) -> float:
   """Stored bits per logical element: code bits + metadata bits per group.
 
   Metadata is the scale (and, asymmetric, the zero point) in
-  `spec.scale_dtype`, amortised over the elements of one group.
+  `spec.scale_dtype`, amortised over the elements of one group (none for
+  scheme static), plus, with spec.outliers = n, n values in scale_dtype and
+  n uint8 indices per vector of `axis_len` elements.
 
   Args:
     spec: the quantization spec.
@@ -24,6 +26,7 @@ def bits_per_element(spec: QuantSpec, axis_len: int | None = None) -> float:
       count for per_channel with group_size None). Required for per_token and
       for per_channel without group_size. For per_tensor, the total element
       count to amortise the single scale over (None: metadata counted as 0).
+      With outliers, the vector length (head_dim), required.
   """
   if axis_len is not None and (
       isinstance(axis_len, bool) or not isinstance(axis_len, int)
@@ -31,9 +34,17 @@ def bits_per_element(spec: QuantSpec, axis_len: int | None = None) -> float:
     raise ValueError(
         f"bits_per_element: axis_len={axis_len!r} is invalid; allowed: None "
         "or a positive int.")
-  meta_bits = jnp.dtype(spec.scale_dtype).itemsize * 8
-  if spec.scheme == "asymmetric":
-    meta_bits *= 2
+  value_bits = jnp.dtype(spec.scale_dtype).itemsize * 8
+  outlier_bits = 0.0
+  if spec.outliers:
+    if axis_len is None:
+      raise ValueError(
+          f"bits_per_element: outliers={spec.outliers} are stored per "
+          "vector; allowed: pass axis_len, the vector length.")
+    outlier_bits = spec.outliers * (value_bits + 8) / axis_len
+  if not spec.has_scale:
+    return spec.bits + outlier_bits
+  meta_bits = value_bits * (2 if spec.scheme == "asymmetric" else 1)
   needs_len = spec.granularity == "per_token" or (
       spec.granularity == "per_channel" and spec.group_size is None)
   if needs_len and axis_len is None:
@@ -43,13 +54,24 @@ def bits_per_element(spec: QuantSpec, axis_len: int | None = None) -> float:
         "per whole axis; allowed: pass axis_len, the group axis length.")
   if spec.granularity == "per_tensor" and axis_len is None:
     return float(spec.bits)
-  return spec.bits + meta_bits / spec.elements_per_group(axis_len)
+  return (spec.bits + meta_bits / spec.elements_per_group(axis_len)
+          + outlier_bits)
+
+
+def cache_bits_per_element(spec: QuantSpec, head_dim: int) -> float:
+  """`bits_per_element` of a cache tensor spec: vectors of `head_dim`
+  elements; per_channel groups run over tokens (their group_size)."""
+  return bits_per_element(
+      spec, None if spec.granularity == "per_channel" else head_dim)
 
 
 def constant_arrays(spec: QuantSpec | None, last_dim: int) -> list[np.ndarray]:
   """Per-tensor constants a format needs besides its leaves: the Lloyd-Max
-  codebook (2^bits float32 centroids) of a lloyd_max spec, else none.
-  Charged once per layer by `kvq_jax.experiment.memory`."""
+  codebook (2^bits float32 centroids) of a lloyd_max spec, a static spec's
+  calibrated levels (float32), else none. Charged once per layer by
+  `kvq_jax.experiment.memory`."""
+  if spec is not None and spec.levels:
+    return [np.asarray(spec.levels, np.float32)]
   if spec is None or not spec.is_codebook:
     return []
   return [codebook.centroids(spec.bits, spec.elements_per_group(last_dim))]

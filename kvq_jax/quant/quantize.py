@@ -54,6 +54,23 @@ The codebook is a per-format constant (2^b float32 values for every group
 size in use); non-finite values follow the policy below (+-Inf take the
 outer codes, NaN the code of 0.0).
 
+Static (scheme static; no stored scale; L = 2^b levels over the fixed range
+[-r, r], mid-rise, for tensors already normalised by calibrated ranges):
+  u     = clip(floor((x / r + 1) * L / 2), 0, L - 1)
+  x'    = ((u + 1/2) * 2 / L - 1) * r
+so |x - x'| <= r / L inside the range; values beyond it saturate at the
+outer levels (+-r (1 - 1/L)); NaN takes the code of 0.0 (x' = r / L).
+With `spec.levels` (a calibrated codebook c, increasing, t_j = (c_j +
+c_{j+1}) / 2): u = #{t_j < x}, x' = c[u] (NaN as 0.0, +-Inf the outer codes).
+
+Outliers (spec.outliers = n > 0; before any of the above): per vector along
+the last axis, the n finite values of largest magnitude (ties: the lower
+index) are stored exactly in scale_dtype (rounded to nearest) with their
+uint8 index, and replaced by 0.0 in the tensor that is then quantized, so
+they take no part in its scale, zero or range; dequantization writes them
+back over their codes. A vector with fewer than n finite values keeps its
+chosen non-finite positions as 0.0.
+
 For unclipped finite data this gives |x - x'| <= |scale| / 2 (plus float32
 rounding) for integer formats, with bfloat16/float16 scales and zeros too.
 The one exception is symmetric's top code: a value with x / scale >
@@ -111,6 +128,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kvq_jax.quant import codebook, packing
 from kvq_jax.quant.quantized_array import QuantizedArray
@@ -226,10 +244,53 @@ def _quantize_lloyd_max(xg, finite, x_nan0, grouping, spec: QuantSpec):
   return _nearest(scale, spec.scale_jnp_dtype), None, u
 
 
+def _static_levels(bits: int) -> int:
+  return 2 ** bits
+
+
+def _quantize_static(x_nan0, spec: QuantSpec):
+  """(None, None, codes) for scheme='static' (module docstring)."""
+  if spec.levels:
+    c = np.asarray(spec.levels, np.float32)
+    t = jnp.asarray((c[1:] + c[:-1]) / 2)
+    return None, None, jnp.searchsorted(t, x_nan0, side="left").astype(
+        jnp.uint8)
+  levels = _static_levels(spec.bits)
+  r = jnp.float32(spec.clip_ratio)
+  u = jnp.floor((_rounded(x_nan0 / r) + 1.0) * (levels / 2))
+  return None, None, jnp.clip(u, 0, levels - 1).astype(jnp.uint8)
+
+
+def _static_values(codes_u8: jax.Array, spec: QuantSpec) -> jax.Array:
+  if spec.levels:
+    return jnp.asarray(spec.levels, _F32)[codes_u8]
+  levels = _static_levels(spec.bits)
+  step = jnp.float32(2.0 / levels)
+  return ((codes_u8.astype(_F32) + 0.5) * step - 1.0) * jnp.float32(
+      spec.clip_ratio)
+
+
+def _split_outliers(x: jax.Array, spec: QuantSpec):
+  """(x with its outliers replaced by 0, values, uint8 indices) (module
+  docstring)."""
+  x32 = x.astype(_F32)
+  finite = jnp.isfinite(x32)
+  _, index = jax.lax.top_k(jnp.where(finite, jnp.abs(x32), -1.0),
+                           spec.outliers)
+  picked = jnp.take_along_axis(x32, index, axis=-1)
+  values = _nearest(jnp.where(jnp.isfinite(picked), picked, 0.0),
+                    spec.scale_jnp_dtype)
+  hit = jnp.any(jnp.arange(x.shape[-1]) == index[..., None], axis=-2)
+  return (jnp.where(hit, jnp.zeros((), x.dtype), x), values,
+          index.astype(jnp.uint8))
+
+
 def _quantize_kvq(xg, finite, x_nan0, grouping, spec: QuantSpec):
   """(scale, zero or None, codes) for rounding='kvq' (module docstring)."""
   if spec.is_codebook:
     return _quantize_lloyd_max(xg, finite, x_nan0, grouping, spec)
+  if spec.scheme == "static":
+    return _quantize_static(x_nan0, spec)
   sdt = spec.scale_jnp_dtype
   half = 2 ** (spec.bits - 1)
   x_fin = jnp.where(finite, xg, 0.0)
@@ -301,6 +362,9 @@ def quantize(x: jax.Array, spec: QuantSpec) -> QuantizedArray:
         "dtype (float32, bfloat16, float16, ...).")
   shape = tuple(x.shape)
   spec.validate_shape(shape)
+  outlier_value = outlier_index = None
+  if spec.outliers:
+    x, outlier_value, outlier_index = _split_outliers(x, spec)
   grouping = _grouping(shape, spec)
   xg = x.astype(_F32)
   if grouping is not None:
@@ -312,9 +376,10 @@ def quantize(x: jax.Array, spec: QuantSpec) -> QuantizedArray:
   codes = codes.reshape(shape)
   data = codes if spec.is_float else packing.pack(codes, spec.bits)
   return QuantizedArray(
-      data=data, scale=_stored(scale, grouping),
+      data=data, scale=None if scale is None else _stored(scale, grouping),
       zero=None if zero is None else _stored(zero, grouping), spec=spec,
-      last_dim=shape[-1], dtype=jnp.dtype(x.dtype).name)
+      last_dim=shape[-1], dtype=jnp.dtype(x.dtype).name,
+      outlier_value=outlier_value, outlier_index=outlier_index)
 
 
 @partial(jax.jit, static_argnames="dtype")
@@ -326,6 +391,9 @@ def dequantize(qa: QuantizedArray, dtype=None) -> jax.Array:
   grouping = _grouping(shape, spec)
   if spec.is_float:
     vals = qa.data.astype(_F32)
+  elif not spec.has_scale:
+    out = _static_values(packing.unpack(qa.data, spec.bits), spec)
+    return _with_outliers(out, qa).astype(out_dtype)
   elif spec.is_codebook:
     d = _group_len(grouping[0], grouping)
     vals = jnp.asarray(codebook.centroids(spec.bits, d))[
@@ -339,4 +407,13 @@ def dequantize(qa: QuantizedArray, dtype=None) -> jax.Array:
   out = vals * _for_groups(qa.scale, grouping)
   if spec.has_zero:
     out = out + _for_groups(qa.zero, grouping)
-  return out.reshape(shape).astype(out_dtype)
+  return _with_outliers(out.reshape(shape), qa).astype(out_dtype)
+
+
+def _with_outliers(out: jax.Array, qa: QuantizedArray) -> jax.Array:
+  """`out` with the stored outliers written back (no-op without them)."""
+  if qa.outlier_value is None:
+    return out
+  return jnp.put_along_axis(out, qa.outlier_index.astype(jnp.int32),
+                            qa.outlier_value.astype(out.dtype), axis=-1,
+                            inplace=False)

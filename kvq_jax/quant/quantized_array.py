@@ -1,8 +1,11 @@
 """`QuantizedArray`: the pytree a quantized tensor travels as.
 
 Leaves: `data` (uint8 packed codes, or float8 for fp8 formats), `scale`
-(spec.scale_dtype) and `zero` (spec.scale_dtype, asymmetric only; None
-otherwise). Static aux data: `spec`, `last_dim` (logical length of the last
+(spec.scale_dtype; None for scheme static), `zero` (spec.scale_dtype,
+asymmetric only; None otherwise) and, with spec.outliers = n > 0,
+`outlier_value` (spec.scale_dtype) and `outlier_index` (uint8), both
+[..., n]: the n values per vector kept exactly and their positions along the
+last axis (None otherwise). Static aux data: `spec`, `last_dim` (logical length of the last
 axis, which packing shrinks) and `dtype` (name of the original dtype).
 
 The logical shape is not stored (it would be wrong after `vmap` adds a batch
@@ -24,11 +27,13 @@ from kvq_jax.quant.spec import QuantSpec
 @dataclasses.dataclass(frozen=True)
 class QuantizedArray:
   data: jax.Array
-  scale: jax.Array
+  scale: jax.Array | None
   zero: jax.Array | None
   spec: QuantSpec
   last_dim: int
   dtype: str
+  outlier_value: jax.Array | None = None
+  outlier_index: jax.Array | None = None
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -42,5 +47,5 @@ class QuantizedArray:
 
 jax.tree_util.register_dataclass(
     QuantizedArray,
-    data_fields=["data", "scale", "zero"],
+    data_fields=["data", "scale", "zero", "outlier_value", "outlier_index"],
     meta_fields=["spec", "last_dim", "dtype"])

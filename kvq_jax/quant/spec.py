@@ -26,6 +26,7 @@ import fractions
 from typing import Sequence
 
 import jax.numpy as jnp
+import numpy as np
 
 FORMATS = ("int8", "int5", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2")
 # symmetric: all 2^b codes, the scale set by the signed value of largest
@@ -38,8 +39,14 @@ FORMATS = ("int8", "int5", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2")
 #   Lloyd-Max codebook of a rotated unit vector's coordinates
 #   (`kvq_jax.quant.codebook`); int5/int4/int3/int2, groups along the last
 #   axis (per_token or per_group), meant for Hadamard-rotated tensors.
+# static: no stored scale; 2^b fixed levels: uniform mid-rise over [-r, r]
+#   (r = clip_ratio), or `levels` (a calibrated codebook, KVQuant's nuq),
+#   for tensors already normalised by calibrated per-channel ranges
+#   (KVQuant's keys: `kvq_jax.cache.key_affine` in range mode); integer
+#   formats, per_token.
 # See `kvq_jax.quant.quantize` for the arithmetic.
-SCHEMES = ("symmetric", "symmetric_narrow", "asymmetric", "lloyd_max")
+SCHEMES = ("symmetric", "symmetric_narrow", "asymmetric", "lloyd_max",
+           "static")
 LLOYD_MAX_FORMATS = ("int5", "int4", "int3", "int2")
 GRANULARITIES = ("per_tensor", "per_token", "per_channel", "per_group")
 SCALE_DTYPES = ("float32", "bfloat16", "float16")
@@ -49,6 +56,7 @@ SCALE_DTYPES = ("float32", "bfloat16", "float16")
 #   from its float32 reciprocal, then scale and zero rounded to nearest.
 ROUNDINGS = ("kvq", "ggml")
 
+_INT_FORMATS = ("int8", "int5", "int4", "int3", "int2")
 _BITS = {"int8": 8, "int5": 5, "int4": 4, "int3": 3, "int2": 2,
          "fp8_e4m3": 8, "fp8_e5m2": 8}
 _FP8_DTYPES = {"fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}
@@ -70,7 +78,9 @@ class QuantSpec:
       zero point; integer formats only) or "lloyd_max" (scale only; codes
       index the Lloyd-Max codebook of `kvq_jax.quant.codebook` for the
       group's element count; int5..int2, per_token or per_group along the
-      last axis, rounding kvq, clip_ratio 1).
+      last axis, rounding kvq, clip_ratio 1) or "static" (no scale at all:
+      uniform codes over the fixed range [-clip_ratio, clip_ratio]; integer
+      formats, per_token, rounding kvq), or over `levels` when given.
     granularity: one of `GRANULARITIES` (see the module docstring).
     group_size: per_group: elements per group along `group_axis` (required).
       per_channel: tokens per group along `group_axis` (None: the whole axis).
@@ -92,6 +102,15 @@ class QuantSpec:
       1 (ggml does not clip); other group sizes and granularities use the
       same per-group arithmetic. Non-finite inputs follow the project's
       policy in both roundings (`kvq_jax.quant.quantize`).
+    outliers: n >= 0 values of largest magnitude per vector (along the last
+      axis) kept exactly, in scale_dtype, with their uint8 index
+      (dense-and-sparse, KVQuant); the rest is quantized with the range they
+      leave. Groups along the last axis only (per_token, per_group), rounding
+      kvq, integer formats, n < the vector length (checked per shape), last
+      axis <= 256 (uint8 indices).
+    levels: scheme static only: () for the uniform levels, or the 2^bits
+      strictly increasing reconstruction values of a calibrated codebook
+      (float32; codes go to the nearest, ties to the lower).
   """
 
   format: str = "int4"
@@ -102,6 +121,8 @@ class QuantSpec:
   clip_ratio: float = 1.0
   scale_dtype: str = "bfloat16"
   rounding: str = "kvq"
+  outliers: int = 0
+  levels: tuple[float, ...] = ()
 
   def __post_init__(self):
     if self.format not in FORMATS:
@@ -140,6 +161,60 @@ class QuantSpec:
     self._validate_axis()
     if self.scheme == "lloyd_max":
       self._validate_lloyd_max()
+    if self.scheme == "static":
+      self._validate_static()
+    self._validate_outliers()
+    if self.levels and self.scheme != "static":
+      raise ValueError(
+          f"QuantSpec.levels is set for scheme={self.scheme!r}; allowed: "
+          "scheme='static' only (other schemes compute their levels).")
+
+  def _validate_static(self):
+    problems = []
+    if self.format not in _INT_FORMATS:
+      problems.append(f"format={self.format!r} (allowed: "
+                      f"{_allowed(_INT_FORMATS)})")
+    if self.granularity != "per_token":
+      problems.append(f"granularity={self.granularity!r} (allowed: "
+                      "per_token; the range is fixed, nothing is grouped)")
+    if self.rounding != "kvq":
+      problems.append(f"rounding={self.rounding!r} (allowed: kvq)")
+    if problems:
+      raise ValueError(
+          "QuantSpec.scheme='static' does not support "
+          + "; ".join(problems) + ".")
+    if self.levels:
+      levels = np.asarray(self.levels, np.float32)
+      if (levels.shape != (2 ** self.bits,) or not np.all(np.isfinite(levels))
+          or not np.all(np.diff(levels) > 0)):
+        raise ValueError(
+            f"QuantSpec.levels has {levels.size} values for format="
+            f"{self.format!r}; allowed: () or {2 ** self.bits} finite, "
+            "strictly increasing values.")
+      object.__setattr__(self, "levels", tuple(levels.tolist()))
+
+  def _validate_outliers(self):
+    n = self.outliers
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+      raise ValueError(
+          f"QuantSpec.outliers={n!r}: allowed: an integer >= 0 (values kept "
+          "exactly per vector).")
+    if not n:
+      return
+    problems = []
+    if self.granularity not in ("per_token", "per_group") or self.axis not in (
+        None, -1):
+      problems.append(f"granularity={self.granularity!r}, axis={self.axis!r} "
+                      "(allowed: per_token or per_group along the last axis)")
+    if self.is_float:
+      problems.append(f"format={self.format!r} (allowed: "
+                      f"{_allowed(_INT_FORMATS)})")
+    if self.rounding != "kvq":
+      problems.append(f"rounding={self.rounding!r} (allowed: kvq)")
+    if problems:
+      raise ValueError(
+          f"QuantSpec.outliers={n} does not support " + "; ".join(problems)
+          + ".")
 
   def _validate_lloyd_max(self):
     problems = []
@@ -228,6 +303,11 @@ class QuantSpec:
     return self.scheme == "asymmetric"
 
   @property
+  def has_scale(self) -> bool:
+    """Whether a scale is stored (every scheme but static)."""
+    return self.scheme != "static"
+
+  @property
   def is_codebook(self) -> bool:
     """Codes index a Lloyd-Max codebook (scheme lloyd_max)."""
     return self.scheme == "lloyd_max"
@@ -312,6 +392,11 @@ class QuantSpec:
           f"QuantSpec.granularity='per_channel' groups along axis {axis} "
           f"(tokens), which has length {length} (shape={shape}); allowed: "
           "length >= 2. Quantize single tokens per_token instead.")
+    if self.outliers and not self.outliers < last <= 256:
+      raise ValueError(
+          f"QuantSpec.outliers={self.outliers} for vectors of {last} elements "
+          f"(shape={shape}); allowed: fewer outliers than elements and at most "
+          "256 elements (uint8 indices).")
     if self.group_size is not None and length % self.group_size:
       raise ValueError(
           f"QuantSpec.group_size={self.group_size} does not divide the length "

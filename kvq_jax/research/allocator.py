@@ -4,7 +4,7 @@ Additive damage model: the damage of an assignment (one format per tensor,
 2L tensors: K and V of every layer) is the sum of the damages measured by
 quantizing that tensor alone in that format (mode 'only' rows of the
 sensitivity table, `metric` delta_ppl or kl_mean); full precision costs 0.
-Cost: `kvq_jax.quant.bits_per_element` (head_dim for per_token), full
+Cost: `kvq_jax.quant.cache_bits_per_element` (vectors of head_dim), full
 precision `fp_bits` (the cache dtype's width, as the runner's
 kv_bits_per_element counts it); the budget bounds the mean over the 2L
 tensors (they hold equally many elements).
@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from kvq_jax.experiment.short_specs import parse_short_spec, short_name
-from kvq_jax.quant import bits_per_element
+from kvq_jax.quant import cache_bits_per_element
 
 FULL_PRECISION = "fp"
 DAMAGE_METRICS = ("delta_ppl", "kl_mean")
@@ -38,8 +38,7 @@ def format_bits(name: str, head_dim: int, fp_bits: float) -> float:
   spec = parse_short_spec(name)
   if spec is None:
     return float(fp_bits)
-  return bits_per_element(
-      spec, head_dim if spec.granularity == "per_token" else None)
+  return cache_bits_per_element(spec, head_dim)
 
 
 def damage_table(table: dict, metric: str = "delta_ppl") -> dict:

@@ -36,6 +36,8 @@ def kv_call(name: str) -> str:
     return "base.kv(type='none')"
   kind = "int" if spec.format.startswith("int") else spec.format
   rounding = "" if spec.rounding == "kvq" else f", rounding={spec.rounding!r}"
+  if spec.outliers:
+    rounding += f", outliers={spec.outliers}"
   return (f"base.kv(type={kind!r}, bits={spec.bits}, scheme={spec.scheme!r}, "
           f"granularity={spec.granularity!r}, "
           f"group_size={spec.group_size or 0}, "

@@ -69,12 +69,17 @@ INT2_G8_ASYM = _q("int2", "asymmetric", "per_group", 8)
 CASES = {
     "dense": (7, None),
     "int4_g8": (8, CacheSpec(k=INT4_G8, v=INT4_G8)),
-    "int8_per_token": (7, CacheSpec(k=INT8, v=INT8)),
     # KIVI-style: per-channel K over 4-token groups (F_k = 4), per-group V
     # (F_v = 1), residual 2: the mixed segment (K full precision, V not).
     "kivi_pc4_r2": (7, CacheSpec(k=INT2_PC4_ASYM, v=INT2_G8_ASYM,
                                  residual=2)),
-    "fp8": (8, CacheSpec(k=FP8, v=FP8)),
+    # Static keys in calibrated ranges with an outlier per vector (codes and
+    # outliers, no scale, on the ring), fp8 values.
+    "static_outliers_fp8v": (8, CacheSpec(
+        k=QuantSpec("int4", "static", "per_token", outliers=1), v=FP8,
+        key_rope="pre", key_affines=(KeyAffine.from_arrays(
+            np.zeros((K, H)), np.linspace(0.5, 2.0, K * H).reshape(K, H),
+            mode="range"),))),
     # Pre-RoPE Hadamard keys, sinks (dropped on the local layer), a residual
     # flushed in blocks of 4.
     "pre_rope_hadamard_sinks": (6, CacheSpec(

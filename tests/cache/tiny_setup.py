@@ -51,6 +51,8 @@ INT2_PC8_ASYM = _q("int2", "asymmetric", "per_channel", 8)
 INT4_PC8_ASYM = _q("int4", "asymmetric", "per_channel", 8)
 LM4 = _q("int4", "lloyd_max")
 LM3 = _q("int3", "lloyd_max")
+ST4_O1 = QuantSpec("int4", "static", "per_token", outliers=1)
+INT4_G8_ASYM_O1 = QuantSpec("int4", "asymmetric", "per_group", 8, outliers=1)
 
 # name -> (config name, CacheSpec). Kept short: every spec costs two
 # compilations. Mixed K/V formats double as coverage of fp8, asymmetric int4
@@ -76,6 +78,14 @@ SWEEP = {
             np.linspace(-2, 2, 32).reshape(2, 16),
             np.linspace(0.5, 2, 32).reshape(2, 16)),),
         block_size=BLOCK)),
+    # KVQuant-style: static keys in calibrated ranges (range-mode affine),
+    # one outlier per key and value vector, committed as written, sinks.
+    "static_k_outliers": ("tiny1", CacheSpec(
+        k=ST4_O1, v=INT4_G8_ASYM_O1, sink=2, key_rope="pre",
+        key_affines=(KeyAffine.from_arrays(
+            np.linspace(-1, 1, 32).reshape(2, 16),
+            np.linspace(0.3, 1.5, 32).reshape(2, 16), mode="range"),),
+        block_size=BLOCK)),
     # Layer 0 full precision (a DenseLayerCache); layer 1 per-channel int4 K
     # with a full-precision V store.
     "override_fp_layer0_k_only_pc8": ("tiny2", CacheSpec(
@@ -89,8 +99,7 @@ SWEEP = {
 SWEEP = {name: (config, dataclasses.replace(spec, window_dtype="float32"))
          for name, (config, spec) in SWEEP.items()}
 # Specs also fed in uneven chunks (one extra compilation each).
-MIXED_SWEEP = ("int4_g8_sym", "kivi_pc8_r8", "pre_rope_hadamard_sinks",
-               "lloyd_rotated_affine")
+MIXED_SWEEP = ("int4_g8_sym", "kivi_pc8_r8", "pre_rope_hadamard_sinks")
 
 
 @functools.lru_cache(maxsize=None)

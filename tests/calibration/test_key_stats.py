@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from kvq_jax.calibration.key_runner import calibrate_keys
+from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.calibration.key_stats import (KeyStatsOptions, key_affines,
-                                           layer_affine)
+                                           layer_affine, weighted_lloyd)
 from kvq_jax.calibration.key_stats_store import load_key_stats, save_key_stats
 from kvq_jax.calibration.recording import LayerRecord
 from kvq_jax.experiment.settings import settings_from_config
 from kvq_jax.sweep.points import load_preset
 
+from kvq_jax.quant import QuantSpec
 from tests.experiment import tiny_hf_model
 
 
@@ -42,6 +46,71 @@ def test_hand_computed_shift_and_scale():
   np.testing.assert_array_equal(no_shift.arrays()[0], np.zeros((1, 4)))
 
 
+def test_range_mode_hand_case():
+  """Range mode: mu = (lo + hi) / 2 and s = (hi - lo) / 2 per channel, lo
+  and hi the (1 - p, p) quantiles (linear interpolation); a constant
+  channel gets s = 1e-6."""
+  k = np.zeros((1, 5, 1, 4))
+  k[0, :, 0, 0] = [-1.0, 0.0, 1.0, 2.0, 7.0]
+  k[0, :, 0, 1] = 3.0
+  k[0, :, 0, 2] = [0.0, 1.0, 2.0, 3.0, 4.0]
+  k[0, :, 0, 3] = [-4.0, -3.0, -2.0, -1.0, 0.0]
+  q = np.ones((1, 5, 1, 4))
+  affine = layer_affine(_record(k, q), 4, KeyStatsOptions(mode="range"))
+  assert affine.mode == "range"
+  shift, scale = affine.arrays()
+  np.testing.assert_allclose(shift, [[3.0, 3.0, 2.0, -2.0]], rtol=1e-6)
+  np.testing.assert_allclose(scale, [[4.0, 1e-6, 2.0, 2.0]], rtol=1e-6)
+  # p = 0.75: channel 0's quantiles are 0.0 and 2.0 (ranks 1 and 3 of 0..4).
+  affine = layer_affine(_record(k, q), 4, KeyStatsOptions(
+      mode="range", range_quantile=0.75))
+  np.testing.assert_allclose(affine.arrays()[0][0, 0], 1.0)
+  np.testing.assert_allclose(affine.arrays()[1][0, 0], 1.0)
+  with pytest.raises(ValueError, match="range_quantile"):
+    KeyStatsOptions(mode="range", range_quantile=0.4)
+  with pytest.raises(ValueError, match="mode"):
+    KeyStatsOptions(mode="minmax")
+
+
+def test_weighted_lloyd_hand_cases():
+  x = np.array([0.0, 0.0, 1.0, 1.0, 10.0, 10.0])
+  np.testing.assert_allclose(weighted_lloyd(x, np.ones(6), 2), [0.5, 10.0],
+                             atol=1e-5)
+  # One level: the weighted mean; weights move it.
+  np.testing.assert_allclose(
+      weighted_lloyd(np.array([0.0, 1.0]), np.array([3.0, 1.0]), 1), [0.25])
+  # Gaussian samples, 4 levels: Max's (1960) N(0, 1) optimum +-0.4528,
+  # +-1.510.
+  z = np.random.default_rng(0).normal(size=200_000)
+  np.testing.assert_allclose(weighted_lloyd(z, np.ones_like(z), 4),
+                             [-1.510, -0.4528, 0.4528, 1.510], atol=0.02)
+
+
+def test_range_mode_codebooks_exclude_outliers_and_reach_the_cache(tmp_path):
+  rng = np.random.default_rng(2)
+  k = rng.normal(size=(1, 300, 2, 8))
+  k[0, ::10, 0, 3] = 40.0  # One huge value in every tenth vector.
+  q = np.ones((1, 300, 2, 8))
+  plain = layer_affine(_record(k, q), 8, KeyStatsOptions(
+      mode="range", codebook_bits=(2,)))
+  kept = layer_affine(_record(k, q), 8, KeyStatsOptions(
+      mode="range", codebook_bits=(2, 3), outliers=1))
+  assert len(kept.levels(3)) == 8 and kept.levels(4) == ()
+  # Without the outliers the fit spends no level on them.
+  assert max(plain.levels(2)) > 2 * max(kept.levels(2))
+  save_key_stats(tmp_path / "ks", [kept, kept], {})
+  loaded = load_key_stats(tmp_path / "ks")
+  assert loaded == (kept, kept)
+  st3 = QuantSpec("int3", "static", "per_token", outliers=1)
+  spec = CacheSpec(k=st3, v=None, key_rope="pre", key_affines=loaded)
+  assert spec.layer(1).k.levels == kept.levels(3)
+  assert spec.layer(1).k.outliers == 1
+  # No codebook for the bit width: uniform levels.
+  st4 = dataclasses.replace(st3, format="int4")
+  assert CacheSpec(k=st4, v=None, key_rope="pre",
+                   key_affines=loaded).layer(0).k.levels == ()
+
+
 def test_grouped_queries_and_partial_rotary():
   rng = np.random.default_rng(0)
   k = rng.normal(size=(2, 50, 2, 8))
@@ -66,6 +135,10 @@ def test_store_round_trip(tmp_path):
   affines = key_affines(records, 8)
   save_key_stats(tmp_path / "ks", affines, {"model": "synthetic"})
   assert load_key_stats(tmp_path / "ks") == affines
+  ranges = key_affines(records, 8, KeyStatsOptions(mode="range"))
+  save_key_stats(tmp_path / "kr", ranges, {"model": "synthetic"})
+  assert load_key_stats(tmp_path / "kr") == ranges
+  assert ranges[0].mode == "range" and ranges != affines
   with pytest.raises(ValueError, match="calibrate_keys"):
     load_key_stats(tmp_path / "missing")
 

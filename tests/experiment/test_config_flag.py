@@ -40,9 +40,14 @@ PRESET_BITS = {
     # achieved means.
     "tqmix500": 4.9167, "tqmix425": 4.1667, "tqmix325": 3.1667,
     "tqmix250": 2.4167,
+    # Static keys (no scale; kq3: + one bfloat16 outlier and its uint8 index
+    # per 64-element vector) with int{b}_lm values.
+    "kq4": (4.0 + 4.25) / 2, "kq3": (3.0 + 24 / 64 + 3.25) / 2,
 }
-# Presets that load calibrated key statistics from this directory.
-KEY_STATS = "runs/key_stats/smollm2-135m"
+# Presets that load calibrated key statistics: directory -> mode.
+KEY_STATS = {"runs/key_stats/smollm2-135m": "std",
+             "runs/key_stats/smollm2-135m-range": "range",
+             "runs/key_stats/smollm2-135m-range0.99": "range"}
 
 # Fixed (capacity-independent) cache bytes per sequence, by hand: 30 layers x
 # 3 KV heads x 64 dims x 2 bytes (bfloat16 full-precision regions) x the
@@ -60,6 +65,11 @@ PRESET_FIXED_BYTES = {"kivi2": _PER_SLOT * (159 + 128),
 # and for V, and the key affine's float32 shift and scale [3, 64].
 for _b in (4, 3, 2):
   PRESET_FIXED_BYTES[f"tq{_b}"] = 30 * (2 * 2 ** _b * 4 + 2 * 3 * 64 * 4)
+# kq: the first token of K and V in bfloat16, the V codebook and the key
+# ranges (float32 centre and half-width [3, 64]) per layer.
+for _b in (4, 3):
+  PRESET_FIXED_BYTES[f"kq{_b}"] = 2 * _PER_SLOT + 30 * (
+      2 ** _b * 4 + 2 * 3 * 64 * 4)
 
 
 def _lloyd_max_constants(spec: CacheSpec) -> int:
@@ -104,11 +114,16 @@ def test_available_presets_is_every_config_but_base():
 
 @pytest.fixture(scope="module", name="key_stats_dir")
 def _key_stats_dir(tmp_path_factory):
-  """Synthetic SmolLM2-shaped key statistics (30 layers, 3 x 64)."""
+  """Synthetic SmolLM2-shaped key statistics (30 layers, 3 x 64), one
+  directory per mode."""
   shape = (SMOLLM2.num_kv_heads, SMOLLM2.head_dim)
-  affines = [KeyAffine.from_arrays(np.zeros(shape), np.ones(shape))
-             for _ in range(SMOLLM2.num_layers)]
-  return str(save_key_stats(tmp_path_factory.mktemp("ks"), affines, {}))
+  out = {}
+  for mode in ("std", "range"):
+    affines = [KeyAffine.from_arrays(np.zeros(shape), np.ones(shape), mode)
+               for _ in range(SMOLLM2.num_layers)]
+    out[mode] = str(save_key_stats(tmp_path_factory.mktemp("ks"), affines,
+                                   {}))
+  return out
 
 
 @pytest.mark.parametrize("name", sorted(PRESET_BITS))
@@ -118,8 +133,7 @@ def test_preset_loads_locked_and_converts(name, key_stats_dir):
   with pytest.raises(AttributeError):
     config.cache.k.nope = 1
   if config.cache.key_stats:  # produced by experiments.calibrate_keys.
-    assert config.cache.key_stats == KEY_STATS
-    config.cache.key_stats = key_stats_dir
+    config.cache.key_stats = key_stats_dir[KEY_STATS[config.cache.key_stats]]
   settings = settings_from_config(config)
   bits = PRESET_BITS[name]
   assert settings.quantize == (name != "baseline")

@@ -13,7 +13,8 @@ NAMES = ["fp", "int8", "int4_g32", "int4_g32_asym", "int2_pc32_asym",
          "int4_g32_asym_clip0.85", "int8_pc64", "int5_g32", "int5_g16_asym",
          "int8_g32_narrow", "int4_pc32_narrow_clip0.9", "q8_0", "q4_0",
          "q4_1", "q5_0", "q5_1", "int4_g64_ggml", "int3_g16_asym_ggml",
-         "int8_narrow_ggml", "int4_lm", "int2_g32_lm", "int3_lm"]
+         "int8_narrow_ggml", "int4_lm", "int2_g32_lm", "int3_lm",
+         "int4_st", "int3_st_o1", "int4_g32_asym_o2", "int4_lm_o1"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -41,6 +42,8 @@ def test_parsed_fields():
   assert parse_short_spec("int4_g32").rounding == "kvq"
   assert parse_short_spec("int8_g32_narrow").scheme == "symmetric_narrow"
   assert parse_short_spec("int5_g32").format == "int5"
+  assert parse_short_spec("int3_st_o2") == QuantSpec(
+      format="int3", scheme="static", granularity="per_token", outliers=2)
 
 
 @pytest.mark.parametrize("name, fmt, scheme", [

@@ -40,6 +40,13 @@ LM = CacheSpec(
     key_affines=tuple(KeyAffine.from_arrays(
         np.full((2, 16), 0.1 * i), np.linspace(0.5, 1.5, 32).reshape(2, 16))
                       for i in range(2)))
+# KVQuant-style: static keys in calibrated ranges with an outlier per vector.
+KQ = CacheSpec(
+    k=QuantSpec("int3", "static", "per_token", outliers=1),
+    v=QuantSpec("int4", "asymmetric", "per_group", 8, outliers=1),
+    key_rope="pre", key_affines=tuple(KeyAffine.from_arrays(
+        np.full((2, 16), 0.05 * i), np.linspace(0.2, 0.6, 32).reshape(2, 16),
+        mode="range") for i in range(2)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,7 +57,7 @@ def decoder():
 @functools.lru_cache(maxsize=None)
 def forward(name: str) -> SelectiveForward:
   """Choice 1: the preset's own format; 2: int8 K / int2_g8_asym V."""
-  spec = {"post": POST, "pre": PRE, "lm": LM}[name]
+  spec = {"post": POST, "pre": PRE, "lm": LM, "kq": KQ}[name]
   return SelectiveForward(decoder(), layer_specs(
       CONFIG, spec, extra_k=(INT8,), extra_v=(INT2_G8_ASYM,)))
 
@@ -69,6 +76,7 @@ def real_logits(spec: CacheSpec | None, ids):
     ("post", 1, POST),
     ("pre", 1, PRE),
     ("lm", 1, LM),
+    ("kq", 1, KQ),
 ])
 def test_all_choices_on_match_the_real_quantized_cache(name, choice, real):
   ids = tokens()

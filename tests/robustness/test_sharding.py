@@ -4,7 +4,7 @@ be set before jax starts, and this pytest process has already started it).
 sharded_check.py runs prefill + 3 decode steps of a tiny model (K = 4 KV
 heads) with dense and int4 caches on meshes 2x4 and 4x2 (tensor parallel:
 equal up to float reassociation), the evaluation forward with int8,
-int4_g32, kivi2 and kvq4 caches on meshes 2x3, 1x3, 3x1 and 1x4 (bit-exact),
+int4_g32, kivi2 and kvq4 caches on meshes 2x3 and 1x4 (bit-exact),
 and `experiments.run --mesh=2x4` on the tiny HF model (K = 1: KV heads fall
 back to replication), printing one JSON line checked here.
 """
@@ -59,7 +59,7 @@ def test_sharded_decode_equals_unsharded(result, mesh, kind):
     assert all(s == want for s in layer[:2 if kind == "dense" else 4]), layer
 
 
-@pytest.mark.parametrize("mesh", ["2x3", "1x3", "3x1", "1x4"])
+@pytest.mark.parametrize("mesh", ["2x3", "1x4"])
 @pytest.mark.parametrize("kind", ["int8", "int4_g32", "kivi2", "kvq4"])
 def test_sharded_evaluation_is_bit_identical(result, mesh, kind):
   # Logits and every packed cache leaf (codes, scales, zeros, windows,
