@@ -26,6 +26,11 @@ _EVAL_DATA, _MODEL = DEFINE_data_flags()
 _FORMATS = flags.DEFINE_list(
     "formats", [], "extra per-tensor formats to measure K-only and V-only "
     "per layer (short names: int8,int4_g32_asym,int2_g32_asym,...)")
+_K_FORMATS = flags.DEFINE_list(
+    "k_formats", [], "extra formats to measure K-only (e.g. static keys: "
+    "int4_st,int3_st_o1)")
+_V_FORMATS = flags.DEFINE_list(
+    "v_formats", [], "extra formats to measure V-only")
 _ALL_BUT_ONE = flags.DEFINE_bool(
     "all_but_one", True, "also quantize all layers but one (K and V)")
 _FROM_END = flags.DEFINE_bool(
@@ -43,7 +48,8 @@ def main(argv):
       _CONFIG.value, _WORKDIR.value or f"runs/sensitivity_{name}",
       eval_data=_EVAL_DATA.value, model=_MODEL.value, name=name,
       formats=_FORMATS.value, all_but_one=_ALL_BUT_ONE.value,
-      check=_CHECK.value, from_end=_FROM_END.value)
+      check=_CHECK.value, from_end=_FROM_END.value,
+      k_formats=_K_FORMATS.value, v_formats=_V_FORMATS.value)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from kvq_jax.cache.dense import DenseLayerCache
+from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.quantized import QuantizedLayerCache
 from kvq_jax.cache.sliding import SlidingDenseLayerCache
 from kvq_jax.cache.sliding_quantized import SlidingQuantizedLayerCache
@@ -65,6 +66,10 @@ def _spec_from_json(data: dict) -> LayerSpec:
       data[name] = QuantSpec(**data[name])
   if isinstance(data.get("attention_impl"), list):
     data["attention_impl"] = tuple(data["attention_impl"])
+  if data.get("rotation_key") is not None:
+    data["rotation_key"] = tuple(data["rotation_key"])
+  if data.get("key_affine") is not None:
+    data["key_affine"] = KeyAffine(**data["key_affine"])
   return LayerSpec(**data)
 
 

@@ -125,6 +125,11 @@ class QuantSpec:
   levels: tuple[float, ...] = ()
 
   def __post_init__(self):
+    if not isinstance(self.levels, (tuple, list)):
+      raise ValueError(
+          f"QuantSpec.levels={self.levels!r}: allowed: () or a sequence of "
+          "2^bits floats.")
+    object.__setattr__(self, "levels", tuple(self.levels))  # JSON gives lists.
     if self.format not in FORMATS:
       raise ValueError(
           f"QuantSpec.format={self.format!r} is not supported; allowed: "

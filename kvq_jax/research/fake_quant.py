@@ -2,9 +2,12 @@
 
 A token-local spec (per_token or per_group along head_dim) quantizes every
 token independently, so rounding the K/V of a chunk once, at write time,
-gives exactly what `QuantizedLayerCache` reads back -- provided no token is
-kept in full precision (no residual window, sinks or flush blocks). Each
-function here mirrors the quantized cache's write path step by step:
+gives exactly what `QuantizedLayerCache` reads back -- provided no token
+waits in full precision (no residual window or flush blocks). Sinks (the
+first S tokens, kept in the window dtype) are emulated with `window=True`:
+the same path with the quantize -> dequantize step replaced by a cast to
+the window dtype. Each function here mirrors the quantized cache's write
+path step by step:
 
   keys, key_rope='post':  rope -> [Hadamard] -> cast to the cache dtype ->
                           quantize -> dequantize (float32) -> [Hadamard back]
@@ -35,14 +38,14 @@ def check_emulable(layer: LayerSpec, where: str) -> None:
   """Raises ValueError unless write-time fake quantization is exact."""
   for name, spec in (("k", layer.k), ("v", layer.v)):
     check_token_local(spec, f"{where}.{name}")
-  for name, value in (("residual", layer.residual), ("sink", layer.sink),
+  for name, value in (("residual", layer.residual),
                       ("flush_block - 1", layer.flush_block - 1)):
     if value:
       raise ValueError(
           f"{where}.{name}={value}: the selective (fake-quant) cache quantizes "
           "every token at write time and cannot emulate full-precision "
-          "residual windows, sinks or flush blocks; allowed: residual=0, "
-          "sink=0, flush_block=1.")
+          "residual windows or flush blocks; allowed: residual=0, "
+          "flush_block=1 (sinks are emulated).")
 
 
 def check_token_local(spec: QuantSpec | None, where: str) -> None:
@@ -54,40 +57,46 @@ def check_token_local(spec: QuantSpec | None, where: str) -> None:
 
 
 def round_trip(x: jax.Array, spec: QuantSpec | None, dtype,
-               rotate: bool, key: hadamard.RotationKey = None) -> jax.Array:
+               rotate: bool, key: hadamard.RotationKey = None,
+               window_dtype=None) -> jax.Array:
   """x rounded to `dtype`, then (if `spec`) quantized and dequantized.
 
   `rotate`: Hadamard-rotate head_dim before and undo it after (only when
   `spec` quantizes; a full-precision tensor is never rotated); `key` the
   randomised rotation's (seed, layer), None for the plain Hadamard.
+  `window_dtype` (a sink token of a quantized layer): cast to it instead
+  of quantizing, rotation included, as the cache stores its sinks.
   """
   x = x.astype(jnp.float32)
-  if spec is None:
+  if spec is None and window_dtype is None:
     return x.astype(dtype).astype(jnp.float32)
   if rotate:
     x = hadamard.rotate(x, key)
-  y = dequantize(quantize(x.astype(dtype), spec), jnp.float32)
+  if window_dtype is not None:
+    y = x.astype(dtype).astype(window_dtype).astype(jnp.float32)
+  else:
+    y = dequantize(quantize(x.astype(dtype), spec), jnp.float32)
   return hadamard.unrotate(y, key) if rotate else y
 
 
 def keys(k_BxTxKxH: jax.Array, positions_BxT: jax.Array, rope: Rope,
          spec: QuantSpec | None, dtype, key_rope: str,
          rotate: bool, key: hadamard.RotationKey = None,
-         affine: KeyAffine | None = None) -> jax.Array:
+         affine: KeyAffine | None = None, window_dtype=None) -> jax.Array:
   """Post-RoPE keys as the cache would read them back (float32); `affine`
-  (pre-RoPE only) shifts and scales the keys around the round trip."""
-  if spec is None or key_rope == "post":
-    return round_trip(rope(k_BxTxKxH, positions_BxT), spec, dtype, rotate,
-                      key)
+  (pre-RoPE only) shifts and scales the keys around the round trip;
+  `window_dtype`: as a sink (`round_trip`)."""
+  trip = lambda x: round_trip(x, spec, dtype, rotate, key, window_dtype)
+  if (spec is None and window_dtype is None) or key_rope == "post":
+    return trip(rope(k_BxTxKxH, positions_BxT))
   if affine is None:
-    return rope(round_trip(k_BxTxKxH, spec, dtype, rotate, key),
-                positions_BxT)
+    return rope(trip(k_BxTxKxH), positions_BxT)
   k_BxKxTxH = affine.normalize(jnp.swapaxes(k_BxTxKxH, 1, 2))
-  k_BxKxTxH = affine.denormalize(round_trip(k_BxKxTxH, spec, dtype, rotate,
-                                            key))
+  k_BxKxTxH = affine.denormalize(trip(k_BxKxTxH))
   return rope(jnp.swapaxes(k_BxKxTxH, 1, 2), positions_BxT)
 
 
 def values(v_BxTxKxH: jax.Array, spec: QuantSpec | None, dtype,
-           rotate: bool, key: hadamard.RotationKey = None) -> jax.Array:
-  return round_trip(v_BxTxKxH, spec, dtype, rotate, key)
+           rotate: bool, key: hadamard.RotationKey = None,
+           window_dtype=None) -> jax.Array:
+  return round_trip(v_BxTxKxH, spec, dtype, rotate, key, window_dtype)

@@ -12,8 +12,11 @@ applied at write time as a quantize -> dequantize round trip
 (`research.fake_quant`, via `lax.switch`, so only the chosen branch runs).
 The candidate formats are static; the choices vary per call without
 recompiling. For token-local specs (per_token / per_group along head_dim)
-and no residual window or sinks this is exactly what `QuantizedLayerCache`
-reads back; anything else raises ValueError on construction.
+and no residual window this is exactly what `QuantizedLayerCache` reads
+back; anything else raises ValueError on construction. Sinks are emulated:
+while a layer quantizes K or V (a choice > 0), the tokens at positions <
+`sink` of both tensors take the cache's sink path (a cast to the window
+dtype) instead of the round trip.
 
 Storage is float32 whatever the cache dtype: the full-precision choice rounds
 to the cache dtype and back, a quantized choice rounds to it before
@@ -57,6 +60,9 @@ class SelectiveSpec:
     sliding_window: the layer's sliding window (Gemma 3 local layers), or
       None: a band mask over the linear storage (not a ring: this cache is
       a quality probe, not a memory measurement).
+    sink, window_dtype: the first `sink` tokens kept in `window_dtype`
+      while the layer quantizes (module docstring); a sliding-window layer
+      keeps none, as the ring cache.
   """
 
   k_formats: tuple[QuantSpec | None, ...]
@@ -68,6 +74,8 @@ class SelectiveSpec:
   key_affine: KeyAffine | None = None
   dtype: str = "float32"
   sliding_window: int | None = None
+  sink: int = 0
+  window_dtype: str = "bfloat16"
 
   def __post_init__(self):
     for name in ("k_formats", "v_formats"):
@@ -84,6 +92,8 @@ class SelectiveSpec:
           f"SelectiveSpec.key_rope={self.key_rope!r}: allowed: "
           f"{', '.join(KEY_ROPE)}.")
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype).name)
+    if self.sliding_window is not None:
+      object.__setattr__(self, "sink", 0)
 
   @property
   def num_k_choices(self) -> int:
@@ -131,23 +141,46 @@ class SelectiveLayerCache:
                v_choice=jnp.asarray(v_choice, jnp.int32),
                capacity=capacity, spec=spec)
 
+  def _keys(self, k_BxTxKxH, positions_BxT, rope: Rope, spec_or_none,
+            window_dtype=None):
+    s = self.spec
+    return fake_quant.keys(k_BxTxKxH, positions_BxT, rope, spec_or_none,
+                           s.dtype, s.key_rope, s.hadamard_k, s.rotation_key,
+                           s.key_affine, window_dtype)
+
+  def _values(self, v_BxTxKxH, spec_or_none, window_dtype=None):
+    s = self.spec
+    return fake_quant.values(v_BxTxKxH, spec_or_none, s.dtype, s.hadamard_v,
+                             s.rotation_key, window_dtype)
+
+  def _with_sinks(self, written_BxTxKxH, sink_BxTxKxH, positions_BxT):
+    """Sink positions take the sink copy while the layer quantizes."""
+    quantizing = (self.k_choice != FULL_PRECISION) | (
+        self.v_choice != FULL_PRECISION)
+    use = quantizing & (positions_BxT < self.spec.sink)
+    return jnp.where(use[:, :, None, None], sink_BxTxKxH, written_BxTxKxH)
+
   def _written_keys(self, k_BxTxKxH, positions_BxT, rope: Rope):
     spec = self.spec
-    branches = [
-        (lambda k, p, s=s: fake_quant.keys(k, p, rope, s, spec.dtype,
-                                           spec.key_rope, spec.hadamard_k,
-                                           spec.rotation_key,
-                                           spec.key_affine))
-        for s in (None,) + spec.k_formats]
-    return jax.lax.switch(self.k_choice, branches, k_BxTxKxH, positions_BxT)
+    branches = [(lambda k, p, s=s: self._keys(k, p, rope, s))
+                for s in (None,) + spec.k_formats]
+    out = jax.lax.switch(self.k_choice, branches, k_BxTxKxH, positions_BxT)
+    if not spec.sink:
+      return out
+    return self._with_sinks(out, self._keys(
+        k_BxTxKxH, positions_BxT, rope, None, spec.window_dtype),
+                            positions_BxT)
 
-  def _written_values(self, v_BxTxKxH):
+  def _written_values(self, v_BxTxKxH, positions_BxT):
     spec = self.spec
-    branches = [
-        (lambda v, s=s: fake_quant.values(v, s, spec.dtype, spec.hadamard_v,
-                                          spec.rotation_key))
-        for s in (None,) + spec.v_formats]
-    return jax.lax.switch(self.v_choice, branches, v_BxTxKxH)
+    branches = [(lambda v, s=s: self._values(v, s))
+                for s in (None,) + spec.v_formats]
+    out = jax.lax.switch(self.v_choice, branches, v_BxTxKxH)
+    if not spec.sink:
+      return out
+    return self._with_sinks(out, self._values(v_BxTxKxH, None,
+                                              spec.window_dtype),
+                            positions_BxT)
 
   def attend(self, q_BxTxNxH: jax.Array, k_BxTxKxH: jax.Array,
              v_BxTxKxH: jax.Array, positions_BxT: jax.Array,
@@ -155,7 +188,8 @@ class SelectiveLayerCache:
     """Writes the T new tokens (round-tripped), then attends over the cache."""
     return write_and_attend(
         self, q_BxTxNxH, self._written_keys(k_BxTxKxH, positions_BxT, rope),
-        self._written_values(v_BxTxKxH), self.spec.sliding_window)
+        self._written_values(v_BxTxKxH, positions_BxT),
+        self.spec.sliding_window)
 
 
 def layer_specs(config: ModelConfig, spec: CacheSpec,
@@ -179,7 +213,8 @@ def layer_specs(config: ModelConfig, spec: CacheSpec,
         hadamard_v=layer.hadamard_v, rotation_key=layer.rotation_key,
         key_affine=layer.key_affine,
         dtype=dtype,
-        sliding_window=config.layer_window(i)))
+        sliding_window=config.layer_window(i), sink=layer.sink,
+        window_dtype=layer.window_dtype))
   return out
 
 

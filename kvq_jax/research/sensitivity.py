@@ -71,14 +71,17 @@ def check_formats(formats: Sequence[str]) -> tuple[str, ...]:
 
 
 def plan_probes(base_k: Sequence[str], base_v: Sequence[str],
-                formats: Sequence[str] = (), all_but_one: bool = True
-                ) -> list[Probe]:
+                formats: Sequence[str] = (), all_but_one: bool = True, *,
+                v_formats: Sequence[str] | None = None) -> list[Probe]:
   """The sweep for per-layer base formats `base_k`/`base_v` (short names).
 
   Choice 1 of layer i is the base format there; choice 2 + j is
-  `formats[j]`. Probes that would quantize nothing (a full-precision base
-  layer) and extra-format probes that repeat a base probe are left out.
+  `formats[j]` for K and `v_formats[j]` for V (None: the same list, e.g.
+  static formats are for keys only). Probes that would quantize nothing (a
+  full-precision base layer) and extra-format probes that repeat a base
+  probe are left out.
   """
+  v_formats = formats if v_formats is None else v_formats
   num_layers = len(base_k)
   if len(base_v) != num_layers:
     raise ValueError(
@@ -107,6 +110,8 @@ def plan_probes(base_k: Sequence[str], base_v: Sequence[str],
     for i in range(num_layers):
       if fmt != base_k[i]:
         probes.append(Probe("only", "K", i, fmt, "fp", one_hot(i, 2 + j), off))
+  for j, fmt in enumerate(v_formats):
+    for i in range(num_layers):
       if fmt != base_v[i]:
         probes.append(Probe("only", "V", i, "fp", fmt, off, one_hot(i, 2 + j)))
   return probes

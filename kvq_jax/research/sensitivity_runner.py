@@ -75,8 +75,13 @@ def run_layer_sensitivity(config: ml_collections.ConfigDict, workdir: str,
                           model: str | None = None, name: str = "run",
                           formats: Sequence[str] = (),
                           all_but_one: bool = True,
-                          check: bool = True, from_end: bool = False) -> dict:
+                          check: bool = True, from_end: bool = False,
+                          k_formats: Sequence[str] = (),
+                          v_formats: Sequence[str] = ()) -> dict:
   """Measures, writes OUTPUTS into `workdir` and returns the table dict.
+
+  `formats` are measured K-only and V-only; `k_formats` K-only and
+  `v_formats` V-only besides (static keys have no value form).
 
   `from_end`: probe the last eval.num_windows windows of the text instead of
   the first, so an allocation chosen from the table can be verified on the
@@ -90,14 +95,17 @@ def run_layer_sensitivity(config: ml_collections.ConfigDict, workdir: str,
         f"config {name!r} has quantize={settings.quantize} and cache spec "
         f"{spec}; the sensitivity sweep needs a quantized preset (e.g. "
         "int4_g32).")
-  extras = check_formats(formats)
+  extras_k = check_formats(list(formats) + list(k_formats))
+  extras_v = check_formats(list(formats) + list(v_formats))
+  extras = tuple(dict.fromkeys(extras_k + extras_v))
   model_name = model or settings.model
   lm = load_model(model_name, settings.dtype)
   if lm.tokenizer is None:
     raise ValueError(f"model {model_name!r} has no tokenizer; the sweep "
                      "needs one to tokenize the evaluation text.")
-  extra_specs = [parse_short_spec(f) for f in extras]
-  specs = layer_specs(lm.config, spec, extra_specs, extra_specs,
+  specs = layer_specs(lm.config, spec,
+                      [parse_short_spec(f) for f in extras_k],
+                      [parse_short_spec(f) for f in extras_v],
                       dtype=settings.cache_dtype)
   n = lm.config.num_layers
   base_k = [short_name(spec.layer(i).k) for i in range(n)]
@@ -107,7 +115,8 @@ def run_layer_sensitivity(config: ml_collections.ConfigDict, workdir: str,
   windows = probe_windows(ids, settings.eval.window_len,
                           settings.eval.num_windows, bos_id, from_end)
   mask = scored_mask(settings.eval.window_len, settings.eval.scoring)
-  probes = plan_probes(base_k, base_v, extras, all_but_one=all_but_one)
+  probes = plan_probes(base_k, base_v, extras_k, all_but_one=all_but_one,
+                       v_formats=extras_v)
   logging.info("%d probes over %d windows of %d tokens", len(probes),
                windows.shape[0], windows.shape[1])
   forward = SelectiveForward(lm.decoder, specs)

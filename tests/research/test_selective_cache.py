@@ -40,10 +40,12 @@ LM = CacheSpec(
     key_affines=tuple(KeyAffine.from_arrays(
         np.full((2, 16), 0.1 * i), np.linspace(0.5, 1.5, 32).reshape(2, 16))
                       for i in range(2)))
-# KVQuant-style: static keys in calibrated ranges with an outlier per vector.
+# KVQuant-style: static keys in calibrated ranges with an outlier per vector,
+# two bfloat16 sink tokens (rotated values: the sink path rotates too).
 KQ = CacheSpec(
     k=QuantSpec("int3", "static", "per_token", outliers=1),
     v=QuantSpec("int4", "asymmetric", "per_group", 8, outliers=1),
+    sink=2, hadamard_v=True, rotation_seed=2,
     key_rope="pre", key_affines=tuple(KeyAffine.from_arrays(
         np.full((2, 16), 0.05 * i), np.linspace(0.2, 0.6, 32).reshape(2, 16),
         mode="range") for i in range(2)))
@@ -132,7 +134,7 @@ def test_sweep_does_not_recompile():
     (CacheSpec(k=QuantSpec("int2", "asymmetric", "per_channel", 8),
                v=INT4_G8), "granularity"),
     (CacheSpec(k=INT4_G8, v=INT4_G8, residual=4), "residual"),
-    (CacheSpec(k=INT4_G8, v=INT4_G8, sink=2), "sink"),
+    (CacheSpec(k=INT4_G8, v=INT4_G8, flush_block=4), "flush_block"),
 ])
 def test_unemulable_specs_raise(spec, field):
   with pytest.raises(ValueError, match=field):
@@ -161,3 +163,14 @@ def test_sliding_window_layers_match_the_real_ring_caches():
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
   # The window matters: the same weights without it give other logits.
   assert np.abs(got - real_logits(None, ids)).max() > 1e-3
+
+
+def test_sinks_with_keys_quantized_and_values_full_precision():
+  """K quantized, V choice 0: the real cache keeps a plain V store, and its
+  sink tokens of V still in bfloat16, as the selective cache does."""
+  ids = tokens()
+  got = np.asarray(forward("kq")(ids, [1, 1], [0, 0]))
+  want = real_logits(dataclasses.replace(KQ, v=None), ids)
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+  no_sink = real_logits(dataclasses.replace(KQ, v=None, sink=0), ids)
+  assert np.abs(want - no_sink).max() > 1e-3  # The sinks are visible.

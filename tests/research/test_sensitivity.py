@@ -56,6 +56,21 @@ def test_plan_counts_and_choices():
   assert len({p.name for p in probes}) == len(probes)
 
 
+def test_plan_with_separate_key_and_value_formats():
+  """Static keys have no value form: K-only and V-only extra lists."""
+  probes = plan_probes(["int4_st"] * 2, ["int4_lm"] * 2, ["int3_st_o1"],
+                       all_but_one=False, v_formats=["int3_lm", "int2_lm"])
+  extra = [p for p in probes if p.mode == "only" and "fp" in
+           (p.k_format, p.v_format) and p.k_format != "int4_st"
+           and p.v_format != "int4_lm"]
+  assert sorted((p.tensor, p.layer, p.k_format, p.v_format) for p in extra) == [
+      ("K", 0, "int3_st_o1", "fp"), ("K", 1, "int3_st_o1", "fp"),
+      ("V", 0, "fp", "int2_lm"), ("V", 0, "fp", "int3_lm"),
+      ("V", 1, "fp", "int2_lm"), ("V", 1, "fp", "int3_lm")]
+  v2 = next(p for p in extra if p.v_format == "int2_lm" and p.layer == 1)
+  assert v2.v_choice_L == (0, 3) and v2.k_choice_L == (0, 0)
+
+
 def test_check_formats_rejects_channel_and_fp():
   assert check_formats(["int4_g32", "int8"]) == ("int4_g32", "int8")
   with pytest.raises(ValueError, match="per_channel"):

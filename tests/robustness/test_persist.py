@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 
 from kvq_jax.cache.factory import init_cache
+from kvq_jax.cache.key_affine import KeyAffine
+from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.models.runtime import Runtime
-from kvq_jax.persist import restore_cache, save_cache
+from kvq_jax.persist import cache_checkpoint, restore_cache, save_cache
+from kvq_jax.quant import QuantSpec
 from tests.robustness import tiny
 
 CAPACITY = 32
@@ -228,3 +231,19 @@ def test_sliding_window_rings_round_trip_and_continue(tmp_path):
     step_logits, restored = _step(rt, step_logits, restored)
     got.append(np.asarray(step_logits))
   np.testing.assert_array_equal(np.stack(got), np.stack(want))
+
+
+def test_layer_spec_json_round_trip_with_calibrated_keys():
+  """Static keys with levels and outliers, a key affine with a codebook, a
+  randomised rotation: the sidecar's spec restores equal (JSON turns the
+  tuples into lists)."""
+  affine = KeyAffine.from_arrays(np.zeros((2, 4)), np.ones((2, 4)), "range",
+                                 {2: [-1.0, -0.25, 0.25, 1.0]})
+  spec = CacheSpec(
+      k=QuantSpec("int2", "static", "per_token", outliers=1),
+      v=QuantSpec("int4", "lloyd_max", "per_token"), key_rope="pre",
+      hadamard_v=True, rotation_seed=3, sink=1,
+      key_affines=(affine,)).layer(0)
+  assert spec.k.levels == (-1.0, -0.25, 0.25, 1.0)
+  text = json.dumps(cache_checkpoint._spec_to_json(spec))  # pylint: disable=protected-access
+  assert cache_checkpoint._spec_from_json(json.loads(text)) == spec  # pylint: disable=protected-access
