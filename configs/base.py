@@ -126,3 +126,13 @@ def static_keys_config(k_bits: int, v_bits: int, key_stats: str,
   c.cache.key_stats = key_stats
   c.cache.sink = 1
   return c
+
+
+def static_keys_mix(bits: int, layer_overrides: str) -> ml_collections.ConfigDict:
+  """The kqmix presets: `static_keys_config(bits, bits)` with one outlier
+  per key vector on kq3's key ranges (p = 0.99), per-layer K/V formats from
+  `experiments.allocate` in `layer_overrides`."""
+  c = static_keys_config(bits, bits, "runs/key_stats/smollm2-135m-range0.99",
+                         k_outliers=1)
+  c.cache.layer_overrides = layer_overrides
+  return c

@@ -43,6 +43,8 @@ PRESET_BITS = {
     # Static keys (no scale; kq3: + one bfloat16 outlier and its uint8 index
     # per 64-element vector) with int{b}_lm values.
     "kq4": (4.0 + 4.25) / 2, "kq3": (3.0 + 24 / 64 + 3.25) / 2,
+    # Allocated kq mixes: the allocator's achieved means.
+    "kqmix325": 3.15, "kqmix250": 2.3979,
 }
 # Presets that load calibrated key statistics: directory -> mode.
 KEY_STATS = {"runs/key_stats/smollm2-135m": "std",
@@ -72,11 +74,12 @@ for _b in (4, 3):
       2 ** _b * 4 + 2 * 3 * 64 * 4)
 
 
-def _lloyd_max_constants(spec: CacheSpec) -> int:
-  """Codebook bytes of every layer's K and V + the key statistics."""
+def _mix_constants(spec: CacheSpec) -> int:
+  """Codebook bytes of every layer's Lloyd-Max K and V + the key statistics
+  (+ the bfloat16 sink token of K and V)."""
   codebooks = sum(4 * 2 ** s.bits for i in range(30)
-                  for s in (spec.layer(i).k, spec.layer(i).v))
-  return codebooks + 30 * 2 * 3 * 64 * 4
+                  for s in (spec.layer(i).k, spec.layer(i).v) if s.is_codebook)
+  return codebooks + 30 * 2 * 3 * 64 * 4 + 2 * _PER_SLOT * spec.sink
 
 
 def load_preset(name: str) -> ml_collections.ConfigDict:
@@ -152,8 +155,8 @@ def test_preset_loads_locked_and_converts(name, key_stats_dir):
       * SMOLLM2.head_dim / 8, rel=1e-4)
   # Fixed bytes: the full-precision windows and sinks, and the per-layer
   # constants (codebooks, key statistics), by hand.
-  if name.startswith("tqmix"):
-    assert fixed == _lloyd_max_constants(spec)
+  if name.startswith(("tqmix", "kqmix")):
+    assert fixed == _mix_constants(spec)
   else:
     assert fixed == PRESET_FIXED_BYTES.get(name, 0)
 
