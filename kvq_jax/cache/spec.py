@@ -317,31 +317,26 @@ class CacheSpec:
           f"CacheSpec.sink={self.sink} and block_size={self.block_size} must "
           f"be multiples of the per-channel token group ({needed}).")
     for i, (k, v) in enumerate([(self.k, self.v)] + [o[1:] for o in overrides]):
-      _to_cache_layout(k, "k" if i == 0 else f"layer_overrides[{i-1}].k")
-      _to_cache_layout(v, "v" if i == 0 else f"layer_overrides[{i-1}].v")
-    self._check_static()
+      where = "" if i == 0 else f"layer_overrides[{i-1}]."
+      _to_cache_layout(k, f"{where}k")
+      _to_cache_layout(v, f"{where}v")
+      self._check_static(k, v, where)
     if normalize_implementation(self.attention_impl) == ("pallas",):
       self._check_explicit_pallas(overrides)
 
-  def _check_static(self) -> None:
-    """scheme='static' keys need calibrated ranges (module docstring)."""
-    specs = [self.k, self.v] + [s for o in self.layer_overrides for s in o[1:]]
-    names = ["k", "v"] + [f"layer_overrides[{i}].{t}"
-                          for i in range(len(self.layer_overrides))
-                          for t in ("k", "v")]
-    for name, spec in zip(names, specs):
-      if spec is None or spec.has_scale:
-        continue
-      if name.endswith("v"):
-        raise ValueError(
-            f"CacheSpec.{name}.scheme='static' has no calibrated ranges "
-            "(only keys are calibrated: experiments.calibrate_keys "
-            "--mode=range); allowed for values: every other scheme.")
-      if self.hadamard_k:
-        raise ValueError(
-            f"CacheSpec.{name}.scheme='static' quantizes each key channel "
-            "in its calibrated range, which hadamard_k would mix; allowed: "
-            "hadamard_k=False.")
+  def _check_static(self, k: QuantSpec | None, v: QuantSpec | None,
+                    where: str) -> None:
+    """scheme='static' is for keys, unrotated (module docstring)."""
+    if v is not None and not v.has_scale:
+      raise ValueError(
+          f"CacheSpec.{where}v.scheme='static' has no calibrated ranges "
+          "(only keys are calibrated: experiments.calibrate_keys "
+          "--mode=range); allowed for values: every other scheme.")
+    if k is not None and not k.has_scale and self.hadamard_k:
+      raise ValueError(
+          f"CacheSpec.{where}k.scheme='static' quantizes each key channel "
+          "in its calibrated range, which hadamard_k would mix; allowed: "
+          "hadamard_k=False.")
 
   def _check_explicit_pallas(self, overrides) -> None:
     """attention_impl='pallas' on a cache the kernel can never read."""

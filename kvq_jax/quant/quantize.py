@@ -238,14 +238,10 @@ def _quantize_lloyd_max(xg, finite, x_nan0, grouping, spec: QuantSpec):
   y = x_nan0 * (jnp.float32(d) ** 0.5 / jnp.where(norm > 0, norm, 1.0))
   u = jnp.searchsorted(t, y, side="left").astype(jnp.uint8)
   cu = c[u]
-  num = _reduce(jnp.sum, jnp.where(finite, x_fin * cu, 0.0), grouping)
+  num = _reduce(jnp.sum, x_fin * cu, grouping)  # x_fin: 0 where non-finite.
   den = _reduce(jnp.sum, jnp.where(finite, cu * cu, 0.0), grouping)
   scale = jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
   return _nearest(scale, spec.scale_jnp_dtype), None, u
-
-
-def _static_levels(bits: int) -> int:
-  return 2 ** bits
 
 
 def _quantize_static(x_nan0, spec: QuantSpec):
@@ -255,7 +251,7 @@ def _quantize_static(x_nan0, spec: QuantSpec):
     t = jnp.asarray((c[1:] + c[:-1]) / 2)
     return None, None, jnp.searchsorted(t, x_nan0, side="left").astype(
         jnp.uint8)
-  levels = _static_levels(spec.bits)
+  levels = 2 ** spec.bits
   r = jnp.float32(spec.clip_ratio)
   u = jnp.floor((_rounded(x_nan0 / r) + 1.0) * (levels / 2))
   return None, None, jnp.clip(u, 0, levels - 1).astype(jnp.uint8)
@@ -264,8 +260,7 @@ def _quantize_static(x_nan0, spec: QuantSpec):
 def _static_values(codes_u8: jax.Array, spec: QuantSpec) -> jax.Array:
   if spec.levels:
     return jnp.asarray(spec.levels, _F32)[codes_u8]
-  levels = _static_levels(spec.bits)
-  step = jnp.float32(2.0 / levels)
+  step = jnp.float32(2.0 / 2 ** spec.bits)
   return ((codes_u8.astype(_F32) + 0.5) * step - 1.0) * jnp.float32(
       spec.clip_ratio)
 
