@@ -9,7 +9,8 @@ Records the full-precision model's pre-RoPE keys and queries on the last
 evaluation windows, its first eval.num_windows; asserted) and writes
 WORKDIR/affine (orbax) + WORKDIR/key_stats.json. Presets load it with
 `cache.key_stats = WORKDIR` (see configs/tq4.py). --mode=range writes the
-calibrated per-channel ranges static keys need (see configs/kq4.py).
+calibrated per-channel ranges static keys need (see configs/kq4.py);
+--rotation=pca adds a calibrated rotation per layer and kv head.
 """
 
 import json
@@ -39,6 +40,10 @@ _QUANTILE = flags.DEFINE_float("range_quantile", 1.0,
 _CODEBOOK_BITS = flags.DEFINE_list(
     "codebook_bits", [], "range mode: fit per-layer level codebooks for "
     "static keys of these bit widths (e.g. 2,3,4); none: uniform levels")
+_ROTATION = flags.DEFINE_enum(
+    "rotation", "none", ["none", "pca"], "pca: a calibrated per-head "
+    "rotation of the pre-RoPE keys (query-weighted principal axes), stored "
+    "and charged per layer")
 _OUTLIERS = flags.DEFINE_integer(
     "outliers", 0, "range mode: largest |z| per key vector left out of the "
     "codebook fit (the keys' QuantSpec.outliers)")
@@ -55,7 +60,8 @@ def main(argv):
                               range_quantile=_QUANTILE.value,
                               codebook_bits=tuple(
                                   int(b) for b in _CODEBOOK_BITS.value),
-                              outliers=_OUTLIERS.value))
+                              outliers=_OUTLIERS.value,
+                              rotation=_ROTATION.value))
   print(json.dumps(summary, indent=1))
 
 

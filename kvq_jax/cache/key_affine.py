@@ -20,6 +20,15 @@ their own per-token scale) and "range" (mu the centre and s the half-width
 of the calibrated range, so that range becomes [-1, 1]: for scheme='static'
 keys, which store no scale at all).
 
+With a calibrated rotation R (one orthogonal [H, H] matrix per kv head,
+issue 14's method 4: `key_stats` fits it, e.g. the keys' principal axes
+weighted by the queries that read them), the stored key is
+
+    k_stored = R (k_pre - mu) / s,   read back as R^T (k_stored * s) + mu,
+
+so s (and the static keys' ranges) live in the rotated coordinates. R is a
+per-layer constant too, stored and charged in float32 (K H^2 values).
+
 `KeyAffine` is static configuration: hashable tuples, so it can live in the
 frozen `CacheSpec` / `LayerSpec` and be baked into compiled programs.
 """
@@ -40,12 +49,15 @@ class KeyAffine:
   """shift / scale: [K][H] nested tuples of floats (kv heads x head_dim);
   mode: "std" or "range" (module docstring); codebooks: ((bits, levels),
   ...), calibrated levels of the normalised keys for static keys of that
-  many bits (range mode; `QuantSpec.levels`), () for uniform levels."""
+  many bits (range mode; `QuantSpec.levels`), () for uniform levels;
+  rotation: [K][H][H] orthogonal matrices (module docstring), () for
+  none."""
 
   shift: tuple[tuple[float, ...], ...]
   scale: tuple[tuple[float, ...], ...]
   mode: str = "std"
   codebooks: tuple = ()
+  rotation: tuple = ()
 
   def __post_init__(self):
     if self.mode not in MODES:
@@ -70,15 +82,32 @@ class KeyAffine:
       raise ValueError("KeyAffine.codebooks: allowed: (bits, 2^bits levels) "
                        "pairs.")
     object.__setattr__(self, "codebooks", books)
+    if len(self.rotation):
+      rot = np.asarray(self.rotation, np.float32)
+      kh, h = shift.shape
+      if rot.shape != (kh, h, h):
+        raise ValueError(
+            f"KeyAffine.rotation has shape {rot.shape}; allowed: () or "
+            f"[num_kv_heads, head_dim, head_dim] = {(kh, h, h)}.")
+      gram = np.einsum("kab,kcb->kac", rot.astype(np.float64), rot)
+      if not np.allclose(gram, np.eye(h), atol=1e-4):
+        raise ValueError("KeyAffine.rotation: every head's matrix must be "
+                         "orthogonal (R R^T = I within 1e-4).")
+      object.__setattr__(self, "rotation", tuple(
+          tuple(map(tuple, r)) for r in rot.tolist()))
+    else:
+      object.__setattr__(self, "rotation", ())
     object.__setattr__(self, "shift", tuple(map(tuple, shift.tolist())))
     object.__setattr__(self, "scale", tuple(map(tuple, scale.tolist())))
 
   @classmethod
   def from_arrays(cls, shift_KxH, scale_KxH, mode: str = "std",
-                  codebooks=()) -> KeyAffine:
+                  codebooks=(), rotation_KxHxH=None) -> KeyAffine:
     return cls(shift=np.asarray(shift_KxH, np.float32),
                scale=np.asarray(scale_KxH, np.float32), mode=mode,
-               codebooks=tuple(dict(codebooks).items()))
+               codebooks=tuple(dict(codebooks).items()),
+               rotation=() if rotation_KxHxH is None else np.asarray(
+                   rotation_KxHxH, np.float32))
 
   def levels(self, bits: int) -> tuple[float, ...]:
     """The calibrated levels for `bits`-bit static keys, () if none."""
@@ -88,18 +117,32 @@ class KeyAffine:
   def shape(self) -> tuple[int, int]:
     return (len(self.shift), len(self.shift[0]))
 
+  def rotation_array(self) -> np.ndarray | None:
+    """R as float32 [K, H, H] (rows: the rotated axes), None without."""
+    return np.asarray(self.rotation, np.float32) if self.rotation else None
+
   def arrays(self) -> list[np.ndarray]:
-    """[shift, scale] as float32 [K, H] (what the cache holds per layer; a
-    codebook in use is charged with the key spec, `QuantSpec.levels`)."""
-    return [np.asarray(self.shift, np.float32),
-            np.asarray(self.scale, np.float32)]
+    """[shift, scale] as float32 [K, H], plus R [K, H, H] if rotated (what
+    the cache holds per layer; a codebook in use is charged with the key
+    spec, `QuantSpec.levels`)."""
+    out = [np.asarray(self.shift, np.float32),
+           np.asarray(self.scale, np.float32)]
+    return out + ([self.rotation_array()] if self.rotation else [])
 
   def normalize(self, k_BxKxTxH: jax.Array) -> jax.Array:
-    """(k - mu) / s, float32, for heads-major keys."""
-    shift, scale = (jnp.asarray(a)[:, None, :] for a in self.arrays())
-    return (k_BxKxTxH.astype(jnp.float32) - shift) / scale
+    """R (k - mu) / s, float32, for heads-major keys."""
+    shift, scale = (jnp.asarray(a)[:, None, :] for a in self.arrays()[:2])
+    x = k_BxKxTxH.astype(jnp.float32) - shift
+    if self.rotation:
+      x = jnp.einsum("kch,bkth->bktc", self.rotation_array(), x,
+                     precision=jax.lax.Precision.HIGHEST)
+    return x / scale
 
   def denormalize(self, k_BxKxTxH: jax.Array) -> jax.Array:
-    """k * s + mu: the inverse of `normalize`."""
-    shift, scale = (jnp.asarray(a)[:, None, :] for a in self.arrays())
-    return k_BxKxTxH.astype(jnp.float32) * scale + shift
+    """R^T (k * s) + mu: the inverse of `normalize`."""
+    shift, scale = (jnp.asarray(a)[:, None, :] for a in self.arrays()[:2])
+    x = k_BxKxTxH.astype(jnp.float32) * scale
+    if self.rotation:
+      x = jnp.einsum("kch,bktc->bkth", self.rotation_array(), x,
+                     precision=jax.lax.Precision.HIGHEST)
+    return x + shift

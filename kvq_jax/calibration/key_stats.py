@@ -28,7 +28,12 @@ algorithm from the quantiles (i + 1/2) / 2^b, 100 iterations) over every
 normalised calibration key z = (k - mu) / s of the layer, except the
 `outliers` largest |z| of each vector (kept exactly at run time), weighted
 by s_c^2 qrms_c^2: the expected squared change of a score q . k per unit
-of error on z_c. For an
+of error on z_c. With rotation="pca" (issue 14's method 4, calibrated
+rotations) every statistic above is taken in rotated coordinates: per kv
+head, R holds the principal axes of the centred keys weighted by the
+queries that read them (`weighted_principal_axes`), keys become R (k - m)
+and the query weights diag(R diag(qrms^2) R^T); the affine stores R
+(`KeyAffine.rotation`, charged as float32 per-layer constants). For an
 isotropic error on the stored key, (alpha, beta) = (0.5, 0.5) would
 minimise E[(q . dk)^2]; the default (0.5, 0) was picked from a quick 4-window
 comparison of a few exponent pairs on SmolLM2 (a prototype, not a landed
@@ -47,6 +52,7 @@ from kvq_jax.cache.key_affine import MODES, KeyAffine
 from kvq_jax.calibration.recording import LayerRecord
 
 _EPS = 1e-6
+ROTATIONS = ("none", "pca")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +68,7 @@ class KeyStatsOptions:
   range_quantile: float = 1.0
   codebook_bits: tuple[int, ...] = ()
   outliers: int = 0
+  rotation: str = "none"
 
   def __post_init__(self):
     if self.mode not in MODES:
@@ -73,6 +80,10 @@ class KeyStatsOptions:
       raise ValueError(
           f"KeyStatsOptions.codebook_bits={self.codebook_bits}: allowed: "
           "bit widths among 2, 3, 4, 5, 8.")
+    if self.rotation not in ROTATIONS:
+      raise ValueError(
+          f"KeyStatsOptions.rotation={self.rotation!r}: allowed: "
+          f"{', '.join(ROTATIONS)}.")
     if not 0.5 < self.range_quantile <= 1.0:
       raise ValueError(
           f"KeyStatsOptions.range_quantile={self.range_quantile!r}: allowed: "
@@ -105,6 +116,14 @@ def layer_affine(record: LayerRecord, rotary_dim: int,
   q = q.reshape(-1, kh, n // kh, h)
   qrms2 = np.maximum(_pair_mean(np.mean(q * q, axis=(0, 2)), rotary_dim),
                      _EPS ** 2)
+  rotation, mean = None, np.zeros((kh, h))
+  if options.rotation == "pca":
+    mean = k.mean(axis=0)
+    rotation = weighted_principal_axes(k - mean, qrms2)
+    # Everything below sees the rotated keys and query weights; the shift
+    # is mapped back to the key space at the end.
+    k = np.einsum("kch,tkh->tkc", rotation, k - mean)
+    qrms2 = np.einsum("kch,kh,kch->kc", rotation, qrms2, rotation)
   if options.mode == "range":
     p = options.range_quantile
     lo, hi = np.quantile(k, [1.0 - p, p], axis=0)
@@ -117,12 +136,41 @@ def layer_affine(record: LayerRecord, rotary_dim: int,
       z, weight = z[keep], weight[keep]
     books = {b: weighted_lloyd(z.ravel(), weight.ravel(), 2 ** b)
              for b in options.codebook_bits}
-    return KeyAffine.from_arrays(mu, s, mode="range", codebooks=books)
-  mu = k.mean(axis=0) if options.shift else np.zeros((kh, h))
+    return _affine(mu, s, "range", books, rotation, mean)
+  if options.shift:
+    mu = k.mean(axis=0)
+  else:  # the rotated coordinates of the key-space origin
+    mu = (np.zeros((kh, h)) if rotation is None
+          else -np.einsum("kch,kh->kc", rotation, mean))
   sd = np.maximum(k.std(axis=0), _EPS)
   s = sd ** options.alpha / np.sqrt(qrms2) ** options.beta
   s = s / np.exp(np.mean(np.log(s), axis=-1, keepdims=True))
-  return KeyAffine.from_arrays(mu, s)
+  return _affine(mu, s, "std", {}, rotation, mean)
+
+
+def _affine(mu_KxH, s_KxH, mode, books, rotation, mean_KxH) -> KeyAffine:
+  """The `KeyAffine`; with a rotation R (fitted about the key mean m), mu
+  lives in the rotated coordinates, so the key-space shift is m + R^T mu:
+  then R (k - shift) = R (k - m) - mu."""
+  if rotation is None:
+    return KeyAffine.from_arrays(mu_KxH, s_KxH, mode=mode, codebooks=books)
+  shift = mean_KxH + np.einsum("kch,kc->kh", rotation, mu_KxH)
+  return KeyAffine.from_arrays(shift, s_KxH, mode=mode, codebooks=books,
+                               rotation_KxHxH=rotation)
+
+
+def weighted_principal_axes(centred_TxKxH: np.ndarray,
+                            qrms2_KxH: np.ndarray) -> np.ndarray:
+  """Per kv head, the principal axes of the keys weighted by the queries
+  that read them: the eigenvectors of W C W with C the key covariance and
+  W = diag(qrms), in decreasing order of eigenvalue, as the rows of an
+  orthogonal [H, H] matrix R (float64 [K, H, H]). A channel the queries
+  barely read counts little in choosing the axes."""
+  w = np.sqrt(qrms2_KxH)
+  x = centred_TxKxH * w
+  cov = np.einsum("tkh,tkc->khc", x, x) / len(x)
+  _, vectors = np.linalg.eigh(cov)  # ascending eigenvalues, columns
+  return np.swapaxes(vectors[:, :, ::-1], 1, 2)
 
 
 def weighted_lloyd(x: np.ndarray, w: np.ndarray, count: int,

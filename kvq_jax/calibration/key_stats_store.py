@@ -3,7 +3,9 @@
 Layout of a key-stats directory:
   affine/          orbax StandardCheckpointer: {"shift": float32 [L, K, H],
                    "scale": float32 [L, K, H], "codebook_B": float32
-                   [L, 2^B] for each calibrated bit width B}
+                   [L, 2^B] for each calibrated bit width B, "rotation":
+                   float32 [L, K, H, H] when calibrated rotations are in
+                   use}
   key_stats.json   shapes, the affines' mode ("std" or "range"), the
                    options and where the calibration data came from (model,
                    text, token range).
@@ -40,6 +42,13 @@ def save_key_stats(path: str | os.PathLike, affines: Sequence[KeyAffine],
     raise ValueError("save_key_stats: every layer needs codebooks for the "
                      "same bit widths.")
   tree = {"shift": shift, "scale": scale}
+  rotated = {bool(a.rotation) for a in affines}
+  if len(rotated) != 1:
+    raise ValueError("save_key_stats: either every layer has a calibrated "
+                     "rotation or none has.")
+  rotated = rotated.pop()
+  if rotated:
+    tree["rotation"] = np.stack([a.rotation_array() for a in affines])
   for b in bits:
     tree[f"codebook_{b}"] = np.stack(
         [np.asarray(a.levels(b), np.float32) for a in affines])
@@ -52,7 +61,7 @@ def save_key_stats(path: str | os.PathLike, affines: Sequence[KeyAffine],
                      "allowed: one mode for all layers.")
   (root / SIDECAR).write_text(json.dumps(
       {"shape": list(shift.shape), "mode": modes.pop(),
-       "codebook_bits": bits,
+       "codebook_bits": bits, "rotation": rotated,
        "metadata": metadata}, indent=1))
   return root
 
@@ -67,12 +76,16 @@ def _load(root: str, mtime_ns: int) -> tuple[KeyAffine, ...]:
             "scale": np.empty(shape, np.float32)}
   for b in bits:
     target[f"codebook_{b}"] = np.empty((shape[0], 2 ** b), np.float32)
+  rotated = sidecar.get("rotation", False)
+  if rotated:
+    target["rotation"] = np.empty(shape + shape[-1:], np.float32)
   tree = ocp.StandardCheckpointer().restore(pathlib.Path(root) / TREE, target)
   mode = sidecar.get("mode", "std")  # written before modes existed: std.
   return tuple(
       KeyAffine.from_arrays(
           tree["shift"][i], tree["scale"][i], mode,
-          {b: np.asarray(tree[f"codebook_{b}"][i]) for b in bits})
+          {b: np.asarray(tree[f"codebook_{b}"][i]) for b in bits},
+          tree["rotation"][i] if rotated else None)
       for i in range(shape[0]))
 
 

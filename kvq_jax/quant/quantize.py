@@ -238,7 +238,7 @@ def _quantize_lloyd_max(xg, finite, x_nan0, grouping, spec: QuantSpec):
   y = x_nan0 * (jnp.float32(d) ** 0.5 / jnp.where(norm > 0, norm, 1.0))
   u = jnp.searchsorted(t, y, side="left").astype(jnp.uint8)
   cu = c[u]
-  num = _reduce(jnp.sum, x_fin * cu, grouping)  # x_fin: 0 where non-finite.
+  num = _reduce(jnp.sum, jnp.where(finite, x_fin * cu, 0.0), grouping)
   den = _reduce(jnp.sum, jnp.where(finite, cu * cu, 0.0), grouping)
   scale = jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
   return _nearest(scale, spec.scale_jnp_dtype), None, u

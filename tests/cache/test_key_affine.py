@@ -130,3 +130,57 @@ def test_constants_are_charged_per_layer():
   per_token = config.num_layers * 2 * K * (H * 4 // 8 + 2)
   codebooks = config.num_layers * 2 * codebook.centroids(4, H).nbytes
   assert without == per_token * n + codebooks
+
+
+def _rotation(seed=0, k=K, h=H):
+  rng = np.random.default_rng(seed)
+  return np.stack([np.linalg.qr(rng.standard_normal((h, h)))[0]
+                   for _ in range(k)])
+
+
+def test_rotated_affine_round_trip():
+  """normalize = R (x - shift) / scale; denormalize undoes it to float
+  precision."""
+  plain, rot = _affine(), _rotation()
+  affine = KeyAffine.from_arrays(*plain.arrays(), rotation_KxHxH=rot)
+  x = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (B, K, 7, H))) * 5
+  shift, scale, stored = affine.arrays()
+  np.testing.assert_allclose(stored, rot, rtol=1e-6, atol=1e-7)
+  want = np.einsum("kch,bkth->bktc", rot, x - shift[:, None]) / scale[:, None]
+  y = affine.normalize(jnp.asarray(x))
+  np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(affine.denormalize(y)), x,
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rotation, match", [
+    (np.ones((K, H, H)), "orthogonal"),
+    (np.eye(H)[None].repeat(K + 1, 0), "shape"),
+])
+def test_invalid_rotations(rotation, match):
+  with pytest.raises(ValueError, match=match):
+    KeyAffine.from_arrays(*_affine().arrays(), rotation_KxHxH=rotation)
+
+
+def test_full_precision_tokens_with_a_rotated_affine_equal_dense():
+  q, k, v = _inputs(16)
+  dense = _run(DenseLayerCache.create(B, 32, K, H), q, k, v)
+  affine = KeyAffine.from_arrays(*_affine().arrays(),
+                                 rotation_KxHxH=_rotation(2))
+  spec = LayerSpec(k=LM4, v=LM4, sink=4, residual=16, key_rope="pre",
+                   key_affine=affine, block_size=16, window_dtype="float32")
+  out = _run(QuantizedLayerCache.create(spec, B, 32, K, H), q, k, v)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(dense), atol=3e-5)
+
+
+def test_rotations_are_charged_per_layer():
+  config = dataclasses.replace(TINY, num_layers=2)
+  plain = (_affine(0), _affine(1))
+  rotated = tuple(KeyAffine.from_arrays(*a.arrays(), rotation_KxHxH=_rotation(
+      i)) for i, a in enumerate(plain))
+  spec = CacheSpec(k=LM4, v=LM4, key_rope="pre", key_affines=plain)
+  with_rot = memory.effective_bytes(
+      config, dataclasses.replace(spec, key_affines=rotated), jnp.float32, 64)
+  without = memory.effective_bytes(config, spec, jnp.float32, 64)
+  # Per layer: R, float32 [K, H, H].
+  assert with_rot - without == config.num_layers * K * H * H * 4

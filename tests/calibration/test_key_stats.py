@@ -10,7 +10,8 @@ import pytest
 from kvq_jax.calibration.key_runner import calibrate_keys
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.calibration.key_stats import (KeyStatsOptions, key_affines,
-                                           layer_affine, weighted_lloyd)
+                                           layer_affine, weighted_lloyd,
+                                           weighted_principal_axes)
 from kvq_jax.calibration.key_stats_store import load_key_stats, save_key_stats
 from kvq_jax.calibration.recording import LayerRecord
 from kvq_jax.experiment.settings import settings_from_config
@@ -70,6 +71,49 @@ def test_range_mode_hand_case():
     KeyStatsOptions(mode="range", range_quantile=0.4)
   with pytest.raises(ValueError, match="mode"):
     KeyStatsOptions(mode="minmax")
+
+
+def test_weighted_principal_axes_hand_cases():
+  """Keys along (1, 1)/sqrt(2) with spread 10 and (1, -1)/sqrt(2) with
+  spread 1 (equal query weights): the first axis is +-(1, 1)/sqrt(2). With
+  isotropic keys, the axis the queries read most (channel 0, weight 100
+  against 1) comes first."""
+  rng = np.random.default_rng(0)
+  a, b = rng.standard_normal((2, 4000))
+  keys = np.stack([10 * a + b, 10 * a - b], -1)[:, None] / np.sqrt(2)
+  r = weighted_principal_axes(keys - keys.mean(0), np.ones((1, 2)))
+  np.testing.assert_allclose(np.abs(r[0, 0]), [2 ** -0.5] * 2, atol=1e-3)
+  np.testing.assert_allclose(r[0] @ r[0].T, np.eye(2), atol=1e-12)
+  iso = rng.standard_normal((4000, 1, 2))
+  r = weighted_principal_axes(iso, np.array([[100.0, 1.0]]))
+  np.testing.assert_allclose(np.abs(r[0, 0]), [1.0, 0.0], atol=1e-2)
+
+
+@pytest.mark.parametrize("mode", ["range", "std"])
+def test_rotated_statistics_live_in_rotated_coordinates(mode):
+  """With rotation='pca' the affine carries R, and its normalised
+  calibration keys are R (k - shift) / s: in range mode (p = 1) exactly
+  [-1, 1] per rotated channel, in std mode centred."""
+  rng = np.random.default_rng(1)
+  mix = rng.standard_normal((4, 4))
+  k = (rng.standard_normal((1, 300, 1, 4)) @ mix + [1.0, -2.0, 3.0, 0.5])
+  q = rng.standard_normal((1, 300, 2, 4))
+  affine = layer_affine(_record(k, q), 4, KeyStatsOptions(
+      mode=mode, rotation="pca"))
+  rot = affine.rotation_array()
+  assert rot.shape == (1, 4, 4)
+  np.testing.assert_allclose(rot[0] @ rot[0].T, np.eye(4), atol=1e-5)
+  z = np.asarray(affine.normalize(np.swapaxes(k, 1, 2)))[0, 0]
+  if mode == "range":
+    np.testing.assert_allclose(z.max(0), 1.0, atol=1e-4)
+    np.testing.assert_allclose(z.min(0), -1.0, atol=1e-4)
+  else:
+    np.testing.assert_allclose(z.mean(0), 0.0, atol=1e-4)
+  no_shift = layer_affine(_record(k, q), 4, KeyStatsOptions(
+      rotation="pca", shift=False))
+  np.testing.assert_allclose(no_shift.arrays()[0], 0.0, atol=1e-5)
+  with pytest.raises(ValueError, match="rotation"):
+    KeyStatsOptions(rotation="random")
 
 
 def test_weighted_lloyd_hand_cases():
@@ -139,6 +183,13 @@ def test_store_round_trip(tmp_path):
   save_key_stats(tmp_path / "kr", ranges, {"model": "synthetic"})
   assert load_key_stats(tmp_path / "kr") == ranges
   assert ranges[0].mode == "range" and ranges != affines
+  rotated = key_affines(records, 8, KeyStatsOptions(mode="range",
+                                                    rotation="pca"))
+  save_key_stats(tmp_path / "kp", rotated, {"model": "synthetic"})
+  assert load_key_stats(tmp_path / "kp") == rotated
+  assert rotated[0].rotation_array().shape == (2, 8, 8)
+  with pytest.raises(ValueError, match="rotation"):
+    save_key_stats(tmp_path / "mixed", ranges[:1] + rotated[1:], {})
   with pytest.raises(ValueError, match="calibrate_keys"):
     load_key_stats(tmp_path / "missing")
 

@@ -49,6 +49,13 @@ KQ = CacheSpec(
     key_rope="pre", key_affines=tuple(KeyAffine.from_arrays(
         np.full((2, 16), 0.05 * i), np.linspace(0.2, 0.6, 32).reshape(2, 16),
         mode="range") for i in range(2)))
+# Issue 14's method 4: the same with a calibrated-style rotation per head.
+KQ_ROT = dataclasses.replace(KQ, key_affines=tuple(
+    KeyAffine.from_arrays(*a.arrays(), mode="range",
+                          rotation_KxHxH=np.stack([np.linalg.qr(
+                              np.random.default_rng(i).standard_normal(
+                                  (16, 16)))[0]] * 2))
+    for i, a in enumerate(KQ.key_affines)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,7 +66,8 @@ def decoder():
 @functools.lru_cache(maxsize=None)
 def forward(name: str) -> SelectiveForward:
   """Choice 1: the preset's own format; 2: int8 K / int2_g8_asym V."""
-  spec = {"post": POST, "pre": PRE, "lm": LM, "kq": KQ}[name]
+  spec = {"post": POST, "pre": PRE, "lm": LM, "kq": KQ,
+          "kq_rot": KQ_ROT}[name]
   return SelectiveForward(decoder(), layer_specs(
       CONFIG, spec, extra_k=(INT8,), extra_v=(INT2_G8_ASYM,)))
 
@@ -79,6 +87,7 @@ def real_logits(spec: CacheSpec | None, ids):
     ("pre", 1, PRE),
     ("lm", 1, LM),
     ("kq", 1, KQ),
+    ("kq_rot", 1, KQ_ROT),
 ])
 def test_all_choices_on_match_the_real_quantized_cache(name, choice, real):
   ids = tokens()

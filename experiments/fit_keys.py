@@ -1,0 +1,54 @@
+r"""Fit a static-key preset's calibrated key ranges to the model's KL.
+
+  python -m experiments.fit_keys --config=kq4 \
+      --workdir=runs/key_stats/smollm2-135m-range-kl \
+      --config.eval.num_windows=40 \
+      --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
+
+Starts from the preset's range-mode key stats (cache.key_stats, written by
+`experiments.calibrate_keys --mode=range`), learns with Adam one log-ratio
+per layer (--granularity=channel: per layer, kv head and key channel)
+that stretches each range, minimising the next-token KL to the
+full-precision cache on the last --num_calib_windows windows of the text
+(disjoint from the evaluation windows; asserted), and writes the fitted
+ranges as key stats to WORKDIR. Use them with
+`--config.cache.key_stats=WORKDIR` (kvq_jax/calibration/kl_fit.py).
+"""
+
+import json
+
+from absl import app
+from absl import flags
+
+from kvq_jax.calibration.kl_fit import GRANULARITIES, KLFitOptions
+from kvq_jax.calibration.kl_fit_runner import fit_keys
+from kvq_jax.experiment.config_flag import DEFINE_preset_config
+from kvq_jax.experiment.data_flags import DEFINE_data_flags
+
+_CONFIG = DEFINE_preset_config("config", default="kq4")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/key_stats/smollm2-135m-range-kl",
+                               "output directory")
+_EVAL_DATA, _MODEL = DEFINE_data_flags()
+_NUM_CALIB = flags.DEFINE_integer("num_calib_windows", 16,
+                                  "calibration windows (end of the text)")
+_STEPS = flags.DEFINE_integer("steps", 32, "Adam steps (one window each)")
+_LR = flags.DEFINE_float("learning_rate", 0.01, "Adam learning rate")
+_GRANULARITY = flags.DEFINE_enum("granularity", "layer", list(GRANULARITIES),
+                                 "one log-ratio per channel or per layer")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  summary = fit_keys(
+      _CONFIG.value, _WORKDIR.value, eval_data=_EVAL_DATA.value,
+      model=_MODEL.value, num_calib_windows=_NUM_CALIB.value,
+      options=KLFitOptions(steps=_STEPS.value,
+                           learning_rate=_LR.value,
+                           granularity=_GRANULARITY.value))
+  print(json.dumps({k: v for k, v in summary.items() if k != "losses"},
+                   indent=1))
+
+
+if __name__ == "__main__":
+  app.run(main)
