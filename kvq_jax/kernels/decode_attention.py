@@ -19,6 +19,21 @@ Masking: sequence b sees the slots [start_b, length_b) (start_b = 0 unless
 given; the quantized cache passes its sink count, whose slots live in a
 separate full-precision buffer). Blocks wholly before start_b are skipped.
 An empty range returns zeros and lse = -inf, without NaN.
+
+Targets (`platform`, static; None: the default backend, and a CPU host
+without `interpret` lowers for CUDA): "cuda" lowers through Triton (query
+heads padded to 16 for tl.dot; every dot needs >= 16 elements along its
+contraction, so an int2 plane needs head_dim >= 64); "tpu" through Mosaic:
+lengths and starts by scalar prefetch (SMEM), grid dimension semantics
+("parallel", "parallel", "arbitrary"), query heads padded to the 8
+sublanes, and every block's last two dims either the array's own or
+multiples of (8, 128). Per-channel (token-group) scales reach the kernel
+split into code planes, [B, K, S/gt, parts, H/parts], so neither target
+needs a strided load and their blocks' last two dims are whole. Cross-
+lowering from a CPU host (`jax.jit(...).trace(...).lower(
+lowering_platforms=(platform,))`) needs nothing else about the device;
+`decode_attention_supported(..., platform=...)` says why a shape or
+format cannot be served there.
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ from typing import Any
 
 import jax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 import jax.numpy as jnp
 
 from kvq_jax.kernels.cache_layout import PackedLayout, describe_packed
@@ -40,6 +56,9 @@ __all__ = ["decode_attention", "decode_attention_dense",
 
 DEFAULT_BLOCK_K = 128
 _MAX_AUTO_SPLITS = 16
+PLATFORMS = ("cuda", "tpu")
+_TRITON_MIN_DOT = 16  # tl.dot: every dimension >= 16.
+_TPU_SUBLANES = 8
 
 
 def _is_pow2(n: int) -> bool:
@@ -50,27 +69,58 @@ def _next_pow2(n: int) -> int:
   return 1 << max(0, (n - 1).bit_length())
 
 
-def _padded_heads(g: int, interpret: bool) -> int:
-  """Query heads per block: a power of two; >= 16 for Triton's tl.dot."""
+def _target(interpret: bool, platform: str | None) -> str:
+  """"interpret", "cuda" or "tpu" (module docstring)."""
+  if interpret:
+    return "interpret"
+  if platform is None:
+    return "tpu" if jax.default_backend() == "tpu" else "cuda"
+  if platform not in PLATFORMS:
+    raise ValueError(f"decode_attention: platform={platform!r}; allowed: "
+                     f"None (the default backend), {', '.join(PLATFORMS)}.")
+  return platform
+
+
+def _padded_heads(g: int, target: str) -> int:
+  """Query heads per block: a power of two; >= 16 for Triton's tl.dot, >= 8
+  (the sublanes) on TPU."""
   gp = _next_pow2(g)
-  if not interpret and jax.default_backend() == "gpu":
-    gp = max(gp, 16)
-  elif not interpret and jax.default_backend() == "tpu":
-    gp = max(gp, 8)
+  if target == "cuda":
+    gp = max(gp, _TRITON_MIN_DOT)
+  elif target == "tpu":
+    gp = max(gp, _TPU_SUBLANES)
   return gp
 
 
-def _compiler_params(interpret: bool):
+def _compiler_params(target: str):
   """Triton for GPU (jax defaults Pallas-on-GPU to Mosaic GPU, which needs
-  warpgroup-sized copies this kernel does not make); Mosaic defaults on TPU.
-
-  On a CPU host (interpret mode or cross-lowering) Triton is picked, so
-  `.lower(lowering_platforms=("cuda",))` works from a CPU-only machine.
-  """
-  if interpret or jax.default_backend() == "tpu":
+  warpgroup-sized copies this kernel does not make); Mosaic on TPU, the
+  split axis sequential ("arbitrary")."""
+  if target == "interpret":
     return None
+  if target == "tpu":
+    return pltpu.CompilerParams(
+        dimension_semantics=("parallel", "parallel", "arbitrary"))
   from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
   return pltriton.CompilerParams(num_warps=4, num_stages=2)
+
+
+def _check_target(target: str, layouts, head_dim: int,
+                  split_len: int) -> str | None:
+  """Why `target` cannot serve these layouts and tiles, or None."""
+  if target == "cuda":
+    for layout, name in zip(layouts, ("k", "v")):
+      width = head_dim // _parts(layout)
+      if width < _TRITON_MIN_DOT:
+        return (f"{name}: head_dim {head_dim} in {_parts(layout)} code planes "
+                f"gives {width}-wide dots; Triton's tl.dot needs >= "
+                f"{_TRITON_MIN_DOT} (use head_dim >= {_TRITON_MIN_DOT * _parts(layout)} "
+                "or the XLA path).")
+  if target == "tpu" and split_len % _TPU_SUBLANES:
+    return (f"the split length S/k_splits={split_len} is not a multiple of "
+            f"the TPU's {_TPU_SUBLANES} sublanes; use fewer splits or a "
+            "larger cache.")
+  return None
 
 
 def _resolve_tiling(num_slots: int, block_k: int,
@@ -128,8 +178,14 @@ def _check_common(q, length, num_kv: int, batch: int, head_dim: int,
 def decode_attention_supported(q_BxKxGxH, k, v, length_B, *,
                                start_B=None,
                                block_k: int = DEFAULT_BLOCK_K,
-                               k_splits: int | None = None) -> str | None:
-  """Why `decode_attention` cannot run on these inputs, or None if it can."""
+                               k_splits: int | None = None,
+                               platform: str | None = None,
+                               interpret: bool = False) -> str | None:
+  """Why `decode_attention` cannot run on these inputs (on `platform`, see
+  the module docstring), or None if it can."""
+  if platform is not None and platform not in PLATFORMS:
+    return (f"platform={platform!r}; allowed: None (the default backend), "
+            f"{', '.join(PLATFORMS)}.")
   head_dim = q_BxKxGxH.shape[-1]
   if not hasattr(k, "data") or not hasattr(v, "data"):
     return ("k and v must be kvq_jax.quant.QuantizedArray; use "
@@ -158,14 +214,20 @@ def decode_attention_supported(q_BxKxGxH, k, v, length_B, *,
     reason = _check_token_groups(layout, n, bk, num_slots // ns)
     if reason:
       return reason
-  return None
+  return _check_target(_target(interpret, platform), layouts, head_dim,
+                       num_slots // ns)
 
 
 def decode_attention_dense_supported(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH,
                                      length_B, *, start_B=None,
                                      block_k: int = DEFAULT_BLOCK_K,
-                                     k_splits: int | None = None) -> str | None:
+                                     k_splits: int | None = None,
+                                     platform: str | None = None,
+                                     interpret: bool = False) -> str | None:
   """Why `decode_attention_dense` cannot run on these inputs, or None."""
+  if platform is not None and platform not in PLATFORMS:
+    return (f"platform={platform!r}; allowed: None (the default backend), "
+            f"{', '.join(PLATFORMS)}.")
   if hasattr(k_BxKxSxH, "data") or hasattr(v_BxKxSxH, "data"):
     return ("k and v must be plain [B, K, S, H] arrays; use decode_attention "
             "for QuantizedArray caches.")
@@ -181,7 +243,10 @@ def decode_attention_dense_supported(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH,
     return (f"v has shape {tuple(v_BxKxSxH.shape)}, k "
             f"{tuple(k_BxKxSxH.shape)}; they must match.")
   tiling = _resolve_tiling(num_slots, block_k, k_splits)
-  return tiling if isinstance(tiling, str) else None
+  if isinstance(tiling, str):
+    return tiling
+  return _check_target(_target(interpret, platform), (None, None), head_dim,
+                       num_slots // tiling[1])
 
 
 # ----------------------------------------------------------------------------
@@ -217,20 +282,19 @@ def _expand_scale(ref, layout: PackedLayout, plane: int, *, start,
       col = ref[pl.ds(start, block_k), pl.ds(r, 1)].astype(jnp.float32)
       out = jnp.where(col_group == r, col, out)
     return out
-  # Token-group scales [rows of this split, H]; channel h = parts*i + plane.
+  # Token-group scales in planes [rows of this split, parts, H / parts]:
+  # plane j's column i is channel parts*i + j.
   gt = layout.token_group
-  parts = layout.parts
-  cols = (pl.ds(plane, plane_width, stride=parts) if parts > 1
-          else slice(None))
   rows_per_block = max(1, block_k // gt)
   first_row = (split_start + start) // gt - split_start // gt
+  row_of = lambda r: ref[pl.ds(first_row + r, 1), plane, :].astype(
+      jnp.float32).reshape(1, plane_width)
   if rows_per_block == 1:
-    return ref[pl.ds(first_row, 1), cols].astype(jnp.float32)  # [1, width]
+    return row_of(0)  # [1, width]
   row_group = jax.lax.broadcasted_iota(jnp.int32, (block_k, 1), 0) // gt
   out = jnp.zeros((block_k, plane_width), jnp.float32)
   for r in range(rows_per_block):
-    row = ref[pl.ds(first_row + r, 1), cols].astype(jnp.float32)
-    out = jnp.where(row_group == r, row, out)
+    out = jnp.where(row_group == r, row_of(r), out)
   return out
 
 
@@ -254,7 +318,8 @@ def _load_plane(refs, layout: PackedLayout | None, plane: int, *, start,
 
 
 def _decode_kernel(start_ref, length_ref, q_ref, *refs, k_layout, v_layout,
-                   block_k: int, split_len: int, head_dim: int):
+                   block_k: int, split_len: int, head_dim: int,
+                   scalar_prefetch: bool):
   nk, nv = _n_refs(k_layout), _n_refs(v_layout)
   k_refs, v_refs = refs[:nk], refs[nk:nk + nv]
   o_ref, m_ref, l_ref = refs[nk + nv:]
@@ -262,7 +327,11 @@ def _decode_kernel(start_ref, length_ref, q_ref, *refs, k_layout, v_layout,
   gp = q_ref.shape[1]
 
   split_start = pl.program_id(2) * split_len
-  begin, length = start_ref[()], length_ref[()]
+  if scalar_prefetch:  # [B] in SMEM (TPU)
+    b = pl.program_id(0)
+    begin, length = start_ref[b], length_ref[b]
+  else:  # this sequence's own [] block
+    begin, length = start_ref[()], length_ref[()]
   # Valid slots of this split, relative to it: [lo, hi).
   lo = jnp.clip(begin - split_start, 0, split_len)
   hi = jnp.clip(length - split_start, 0, split_len)
@@ -308,38 +377,54 @@ def _decode_kernel(start_ref, length_ref, q_ref, *refs, k_layout, v_layout,
   l_ref[...] = l_i
 
 
-def _cache_specs(x, layout: PackedLayout | None,
-                 split_len: int) -> tuple[list[Any], list[Any]]:
-  """(arrays, block specs) of one cache tensor for the (B, K, split) grid."""
+def _scale_planes(x_BxKxRxH: jax.Array, parts: int) -> jax.Array:
+  """Token-group scales [B, K, R, H] -> [B, K, R, parts, H / parts], plane
+  j holding channels parts*i + j."""
+  b, k, r, h = x_BxKxRxH.shape
+  return jnp.swapaxes(x_BxKxRxH.reshape(b, k, r, h // parts, parts), -1, -2)
+
+
+def _cache_specs(x, layout: PackedLayout | None, split_len: int,
+                 spec) -> tuple[list[Any], list[Any]]:
+  """(arrays, block specs) of one cache tensor for the (B, K, split) grid;
+  `spec(block_shape, index_map(b, h, s))` makes a BlockSpec."""
   if layout is None:
-    return [x], [pl.BlockSpec((None, None, split_len, x.shape[-1]),
-                              lambda b, h, s: (b, h, s, 0))]
-  arrays = [x.data, x.scale] + ([] if layout.symmetric else [x.zero])
-  specs = [pl.BlockSpec((None, None, split_len, x.data.shape[-1]),
-                        lambda b, h, s: (b, h, s, 0))]
+    return [x], [spec((None, None, split_len, x.shape[-1]),
+                      lambda b, h, s: (b, h, s, 0))]
+  scales = [x.scale] + ([] if layout.symmetric else [x.zero])
+  specs = [spec((None, None, split_len, x.data.shape[-1]),
+                lambda b, h, s: (b, h, s, 0))]
   if layout.scale_axis == -1:
-    scale_spec = pl.BlockSpec((None, None, split_len, layout.n_groups),
-                              lambda b, h, s: (b, h, s, 0))
+    scale_spec = spec((None, None, split_len, layout.n_groups),
+                      lambda b, h, s: (b, h, s, 0))
   else:
-    gt = layout.token_group
+    gt, parts = layout.token_group, layout.parts
+    scales = [_scale_planes(a, parts) for a in scales]
     rows = max(1, split_len // gt)
     if split_len >= gt:
-      index = lambda b, h, s: (b, h, s, 0)
+      index = lambda b, h, s: (b, h, s, 0, 0)
     else:  # Several splits share one token group (row).
-      index = lambda b, h, s: (b, h, (s * split_len) // gt, 0)
-    scale_spec = pl.BlockSpec((None, None, rows, x.scale.shape[-1]), index)
-  specs += [scale_spec] * (len(arrays) - 1)
-  return arrays, specs
+      index = lambda b, h, s: (b, h, (s * split_len) // gt, 0, 0)
+    scale_spec = spec((None, None, rows, parts, x.scale.shape[-1] // parts),
+                      index)
+  return [x.data] + scales, specs + [scale_spec] * len(scales)
 
 
 def _run(q_BxKxGxH, k, v, length_B, start_B, k_layout, v_layout, *,
-         block_k: int,
-         k_splits: int, interpret: bool, return_lse: bool):
+         block_k: int, k_splits: int, interpret: bool, platform: str | None,
+         return_lse: bool):
   batch, num_kv, g, head_dim = q_BxKxGxH.shape
   num_slots = (k.data if k_layout is not None else k).shape[2]
   split_len = num_slots // k_splits
   k_parts, v_parts = _parts(k_layout), _parts(v_layout)
-  gp = _padded_heads(g, interpret)
+  target = _target(interpret, platform)
+  gp = _padded_heads(g, target)
+  tpu = target == "tpu"
+
+  def spec(block_shape, index_map):
+    if tpu:  # Index maps also receive the scalar-prefetch refs.
+      return pl.BlockSpec(block_shape, lambda b, h, s, *_: index_map(b, h, s))
+    return pl.BlockSpec(block_shape, index_map)
 
   q = q_BxKxGxH.astype(jnp.float32) * (1.0 / math.sqrt(head_dim))
   q = jnp.pad(q, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
@@ -347,11 +432,11 @@ def _run(q_BxKxGxH, k, v, length_B, start_B, k_layout, v_layout, *,
   q_planes = jnp.moveaxis(
       q.reshape(batch, num_kv, gp, head_dim // k_parts, k_parts), -1, 2)
 
-  k_arrays, k_specs = _cache_specs(k, k_layout, split_len)
-  v_arrays, v_specs = _cache_specs(v, v_layout, split_len)
+  k_arrays, k_specs = _cache_specs(k, k_layout, split_len, spec)
+  v_arrays, v_specs = _cache_specs(v, v_layout, split_len, spec)
   kernel = functools.partial(
       _decode_kernel, k_layout=k_layout, v_layout=v_layout, block_k=block_k,
-      split_len=split_len, head_dim=head_dim)
+      split_len=split_len, head_dim=head_dim, scalar_prefetch=tpu)
   v_width = head_dim // v_parts
   out_shape = [
       jax.ShapeDtypeStruct((batch, num_kv, k_splits, v_parts, gp, v_width),
@@ -360,26 +445,29 @@ def _run(q_BxKxGxH, k, v, length_B, start_B, k_layout, v_layout, *,
       jax.ShapeDtypeStruct((batch, num_kv, k_splits, gp, 1), jnp.float32),
   ]
   out_specs = [
-      pl.BlockSpec((None, None, None, v_parts, gp, v_width),
-                   lambda b, h, s: (b, h, s, 0, 0, 0)),
-      pl.BlockSpec((None, None, None, gp, 1), lambda b, h, s: (b, h, s, 0, 0)),
-      pl.BlockSpec((None, None, None, gp, 1), lambda b, h, s: (b, h, s, 0, 0)),
+      spec((None, None, None, v_parts, gp, v_width),
+           lambda b, h, s: (b, h, s, 0, 0, 0)),
+      spec((None, None, None, gp, 1), lambda b, h, s: (b, h, s, 0, 0)),
+      spec((None, None, None, gp, 1), lambda b, h, s: (b, h, s, 0, 0)),
   ]
-  in_specs = [
-      pl.BlockSpec((None,), lambda b, h, s: (b,)),
-      pl.BlockSpec((None,), lambda b, h, s: (b,)),
-      pl.BlockSpec((None, None, k_parts, gp, head_dim // k_parts),
-                   lambda b, h, s: (b, h, 0, 0, 0)),
-  ] + k_specs + v_specs
+  in_specs = [spec((None, None, k_parts, gp, head_dim // k_parts),
+                   lambda b, h, s: (b, h, 0, 0, 0))] + k_specs + v_specs
+  grid = (batch, num_kv, k_splits)
+  if tpu:  # lengths and starts by scalar prefetch (SMEM)
+    grid_kw = dict(grid_spec=pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2, grid=grid, in_specs=in_specs,
+        out_specs=out_specs))
+  else:
+    row = pl.BlockSpec((None,), lambda b, h, s: (b,))
+    grid_kw = dict(grid=grid, in_specs=[row, row] + in_specs,
+                   out_specs=out_specs)
   o, m, l = pl.pallas_call(
       kernel,
-      grid=(batch, num_kv, k_splits),
-      in_specs=in_specs,
-      out_specs=out_specs,
       out_shape=out_shape,
       interpret=interpret,
-      compiler_params=_compiler_params(interpret),
+      compiler_params=_compiler_params(target),
       name="kvq_decode_attention",
+      **grid_kw,
   )(start_B.astype(jnp.int32), length_B.astype(jnp.int32), q_planes,
     *k_arrays, *v_arrays)
 
@@ -400,12 +488,13 @@ def _run(q_BxKxGxH, k, v, length_B, start_B, k_layout, v_layout, *,
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "k_splits",
-                                             "interpret", "return_lse"))
+                                             "interpret", "platform",
+                                             "return_lse"))
 def decode_attention(q_BxKxGxH: jax.Array, k, v, length_B: jax.Array, *,
                      start_B: jax.Array | None = None,
                      block_k: int = DEFAULT_BLOCK_K,
                      k_splits: int | None = None, interpret: bool = False,
-                     return_lse: bool = False):
+                     platform: str | None = None, return_lse: bool = False):
   """Attention of one query token per sequence over a packed KV cache.
 
   Args:
@@ -418,6 +507,8 @@ def decode_attention(q_BxKxGxH: jax.Array, k, v, length_B: jax.Array, *,
     k_splits: sequence splits (grid axis), merged by log-sum-exp; None picks
       the largest count <= 16 dividing S / block_k.
     interpret: run the Pallas interpreter (required on CPU).
+    platform: None (the default backend), "cuda" or "tpu": what to lower
+      for (module docstring); cross-lowering from a CPU host names it.
     return_lse: also return the natural-log log-sum-exp [B, K, G] of the
       scaled scores (-inf for empty sequences).
 
@@ -431,7 +522,8 @@ def decode_attention(q_BxKxGxH: jax.Array, k, v, length_B: jax.Array, *,
   """
   reason = decode_attention_supported(q_BxKxGxH, k, v, length_B,
                                       start_B=start_B, block_k=block_k,
-                                      k_splits=k_splits)
+                                      k_splits=k_splits, platform=platform,
+                                      interpret=interpret)
   if reason:
     raise ValueError(f"decode_attention: {reason}")
   head_dim = q_BxKxGxH.shape[-1]
@@ -442,25 +534,29 @@ def decode_attention(q_BxKxGxH: jax.Array, k, v, length_B: jax.Array, *,
   start_B = jnp.zeros_like(length_B) if start_B is None else start_B
   return _run(q_BxKxGxH, k, v, length_B, start_B, k_layout, v_layout,
               block_k=bk, k_splits=ns, interpret=interpret,
-              return_lse=return_lse)
+              platform=platform, return_lse=return_lse)
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "k_splits",
-                                             "interpret", "return_lse"))
+                                             "interpret", "platform",
+                                             "return_lse"))
 def decode_attention_dense(q_BxKxGxH: jax.Array, k_BxKxSxH: jax.Array,
                            v_BxKxSxH: jax.Array, length_B: jax.Array, *,
                            start_B: jax.Array | None = None,
                            block_k: int = DEFAULT_BLOCK_K,
                            k_splits: int | None = None,
-                           interpret: bool = False, return_lse: bool = False):
+                           interpret: bool = False,
+                           platform: str | None = None,
+                           return_lse: bool = False):
   """`decode_attention` over a plain (bf16/f32) heads-major cache."""
   reason = decode_attention_dense_supported(
       q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, length_B, start_B=start_B,
-      block_k=block_k, k_splits=k_splits)
+      block_k=block_k, k_splits=k_splits, platform=platform,
+      interpret=interpret)
   if reason:
     raise ValueError(f"decode_attention_dense: {reason}")
   bk, ns = _resolve_tiling(k_BxKxSxH.shape[2], block_k, k_splits)
   start_B = jnp.zeros_like(length_B) if start_B is None else start_B
   return _run(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, length_B, start_B, None, None,
               block_k=bk, k_splits=ns, interpret=interpret,
-              return_lse=return_lse)
+              platform=platform, return_lse=return_lse)

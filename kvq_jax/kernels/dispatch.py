@@ -85,13 +85,12 @@ def pallas_unsupported_reason(q_BxKxGxH, k, v, length_B, *, interpret: bool,
   if backend == "cpu" and not interpret:
     return ("Pallas has no CPU lowering: on the cpu backend the kernel runs "
             "only with interpret=True (the Pallas interpreter, for tests).")
-  if hasattr(k, "data"):
-    return decode_attention_supported(q_BxKxGxH, k, v, length_B,
-                                      start_B=start_B, block_k=block_k,
-                                      k_splits=k_splits)
-  return decode_attention_dense_supported(q_BxKxGxH, k, v, length_B,
-                                          start_B=start_B, block_k=block_k,
-                                          k_splits=k_splits)
+  # The platform's own limits (Triton's dot sizes, TPU tiling) apply to
+  # compiled runs on this backend; the interpreter has none.
+  check = (decode_attention_supported if hasattr(k, "data")
+           else decode_attention_dense_supported)
+  return check(q_BxKxGxH, k, v, length_B, start_B=start_B, block_k=block_k,
+               k_splits=k_splits, interpret=interpret)
 
 
 def quantized_decode_attention(q_BxKxGxH: jax.Array, k, v,
