@@ -1,14 +1,19 @@
-"""Benchmarks decode attention (dense bf16, XLA quantized, Pallas) vs context.
+"""Benchmarks one layer's decode attention vs context, as the cache runs it.
 
-  python -m experiments.bench_attention --max_context=16384
-  python -m experiments.bench_attention --model=qwen2.5-coder-1.5b
-  python -m experiments.bench_attention --shape=8b --formats=int8,int4_g32
+  python -m experiments.bench_attention --contexts=1024,4096,16384
+  python -m experiments.bench_attention --kinds=bf16,float32,int8,q4_0 \
+      --batch=1,8 --json=runs/bench/attention.json
+  python -m experiments.bench_attention --implementations=xla,pallas  # GPU/TPU
+  python -m experiments.bench_attention --mode=kernel --shape=8b      # kernel only
 
-One layer's attention at the (K, G, H) of `--model` (a registered name or a
-checkpoint path, read for its metadata only) or of a synthetic `--shape`.
-
-Pallas runs compiled on GPU/TPU; on CPU only with --pallas_interpret (which
-checks it runs; interpreter times are not kernel timings).
+--mode=cache (default): `cache.attend` of one token for layer 0 of
+`--model`'s shapes (`kvq_jax/experiment/attention_bench.py`): kinds bf16 /
+float32 (dense) or preset names, all in caches of the same slots; ratios are
+to the fastest full-precision cache. --mode=kernel: the Pallas kernel and
+the jnp reference on synthetic packed caches, with effective bandwidth
+(`kvq_jax/kernels/benchmark.py`). Pallas runs compiled on GPU/TPU; on CPU
+only interpreted (--pallas_interpret), which checks it runs and is not a
+timing.
 """
 
 from __future__ import annotations
@@ -18,37 +23,74 @@ from absl import flags
 import jax
 
 from kvq_jax import assets
+from kvq_jax.experiment import attention_bench, decode_bench
+from kvq_jax.experiment.bench_kinds import DEFAULT_KINDS
 from kvq_jax.facade import model_config
 from kvq_jax.kernels import benchmark
 
 SHAPES = {"8b": (8, 4, 128)}  # Synthetic (K, G, H) without a checkpoint.
 
+_MODE = flags.DEFINE_enum("mode", "cache", ["cache", "kernel"],
+                          "cache: the cache's decode path; kernel: the "
+                          "Pallas kernel vs the jnp reference")
 _MAX_CONTEXT = flags.DEFINE_integer(
     "max_context", None, "Largest context; default 131072 on GPU/TPU, 16384 "
     "on CPU. Contexts are 1024, 2048, ... doubling up to it.")
+_CONTEXTS = flags.DEFINE_list("contexts", [],
+                              "Explicit contexts (instead of --max_context).")
 _MODEL = flags.DEFINE_string("model", assets.DEFAULT_MODEL,
                              "registered name or checkpoint path (shapes)")
 _SHAPE = flags.DEFINE_enum("shape", None, list(SHAPES),
-                           "instead of --model: 8b = K=8, G=4, H=128.")
-_BATCH = flags.DEFINE_integer("batch", 1, "Sequences.")
+                           "--mode=kernel, instead of --model: 8b = K=8, G=4, "
+                           "H=128.")
+_BATCH = flags.DEFINE_list("batch", ["1"], "Sequences (a list).")
+_KINDS = flags.DEFINE_list("kinds", list(DEFAULT_KINDS),
+                           "--mode=cache: bf16, float32 or preset names.")
+_IMPLEMENTATIONS = flags.DEFINE_list(
+    "implementations", ["xla"], "--mode=cache: decode attention of the "
+    "quantized caches (xla, pallas).")
 _FORMATS = flags.DEFINE_list("formats", ["int8", "int4_g32", "int2_g32"],
-                             f"Quantized formats: {list(benchmark.SPECS)}.")
+                             f"--mode=kernel formats: {list(benchmark.SPECS)}.")
 _PALLAS_INTERPRET = flags.DEFINE_bool(
     "pallas_interpret", False, "On CPU, also run the Pallas kernel in "
     "interpret mode (slow; not a timing).")
 _REPEATS = flags.DEFINE_integer("repeats", 10, "Timed repeats (median).")
-_BLOCK_K = flags.DEFINE_integer("block_k", 128, "Pallas block_k.")
+_BLOCK_K = flags.DEFINE_integer("block_k", 128, "--mode=kernel block_k.")
+_JSON = flags.DEFINE_string("json", None, "--mode=cache: also write the rows "
+                            "to this file.")
+
+
+def _contexts(on_cpu: bool) -> list[int]:
+  if _CONTEXTS.value:
+    return [int(c) for c in _CONTEXTS.value]
+  max_context = _MAX_CONTEXT.value or (16384 if on_cpu else 131072)
+  out, c = [], 1024
+  while c <= max_context:
+    out.append(c)
+    c *= 2
+  return out
 
 
 def main(argv):
   del argv
   on_cpu = jax.default_backend() == "cpu"
-  max_context = _MAX_CONTEXT.value or (16384 if on_cpu else 131072)
-  contexts = []
-  c = 1024
-  while c <= max_context:
-    contexts.append(c)
-    c *= 2
+  contexts = _contexts(on_cpu)
+  batches = [int(b) for b in _BATCH.value]
+  print(benchmark.machine_description())
+  if _MODE.value == "cache":
+    config = model_config(_MODEL.value)
+    print(f"{_MODEL.value} ({config.name}) layer 0: K={config.num_kv_heads} "
+          f"N={config.num_heads} H={config.head_dim}; B={batches}; median "
+          f"of {_REPEATS.value}; contexts {contexts}")
+    rows = []
+    for batch in batches:
+      rows += attention_bench.run(
+          config, _KINDS.value, contexts, batch_size=batch,
+          repeats=_REPEATS.value, implementations=_IMPLEMENTATIONS.value)
+    print(decode_bench.format_table(rows))
+    if _JSON.value:
+      print(f"rows: {decode_bench.write_rows(_JSON.value, _MODEL.value, rows)}")
+    return
   if _SHAPE.value:
     source = f"--shape={_SHAPE.value}"
     kv_heads, g, head_dim = SHAPES[_SHAPE.value]
@@ -57,11 +99,10 @@ def main(argv):
     source = f"{_MODEL.value} ({config.name})"
     kv_heads, g, head_dim = (config.num_kv_heads, config.group_size,
                              config.head_dim)
-  print(benchmark.machine_description())
-  print(f"{source}: B={_BATCH.value} K={kv_heads} G={g} H={head_dim}, "
+  print(f"{source}: B={batches[0]} K={kv_heads} G={g} H={head_dim}, "
         f"contexts {contexts}")
   rows = benchmark.run(
-      contexts, batch=_BATCH.value, kv_heads=kv_heads, g=g, head_dim=head_dim,
+      contexts, batch=batches[0], kv_heads=kv_heads, g=g, head_dim=head_dim,
       formats=_FORMATS.value, pallas=(not on_cpu) or _PALLAS_INTERPRET.value,
       interpret=on_cpu, repeats=_REPEATS.value, block_k=_BLOCK_K.value)
   print(benchmark.format_table(rows))

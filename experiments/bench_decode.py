@@ -2,9 +2,14 @@
 
   python -m experiments.bench_decode --max_context=32768 --repeats=3
   python -m experiments.bench_decode --model=gemma3-270m --max_context=8192
+  python -m experiments.bench_decode --kinds=bf16,float32,int8,tq4 \
+      --contexts=1024,16384 --batch=1,8 --json=runs/bench/decode.json
 
-Prints time per step (median), XLA temporaries of the compiled step and the
-cache bytes (every cache leaf), each with its ratio to the dense bf16 cache.
+Kinds: bf16 / float32 (dense) or any preset name (its cache spec and dtype).
+Prints time per step (median), XLA temporaries of the compiled step, the
+cache bytes (every cache leaf) and effective bits, with ratios to the
+fastest full-precision cache at the same context and batch; every kind at
+one context gets the same number of slots. --json writes the rows.
 The weights are random float32 of the model's real shapes (`--model`, a
 registered name or a checkpoint path, read for its metadata only; timing and
 memory do not depend on the values); the cache contents are zeros. Sliding-
@@ -19,6 +24,7 @@ from absl import flags
 
 from kvq_jax import assets
 from kvq_jax.experiment import decode_bench
+from kvq_jax.experiment.bench_kinds import DEFAULT_KINDS
 from kvq_jax.experiment.timing import machine_description
 from kvq_jax.facade import model_config
 from kvq_jax.models.params import decoder_from_params, random_params
@@ -26,9 +32,12 @@ from kvq_jax.models.runtime import Runtime
 
 _MAX_CONTEXT = flags.DEFINE_integer(
     "max_context", 32768, "Contexts are 1024, 2048, ... doubling up to it.")
-_KINDS = flags.DEFINE_list("kinds", list(decode_bench.KINDS),
-                           f"Cache kinds: {list(decode_bench.KINDS)}.")
-_BATCH = flags.DEFINE_integer("batch", 1, "Sequences per step.")
+_CONTEXTS = flags.DEFINE_list("contexts", [],
+                              "Explicit contexts (instead of --max_context).")
+_KINDS = flags.DEFINE_list("kinds", list(DEFAULT_KINDS),
+                           "Cache kinds: bf16, float32 or preset names.")
+_BATCH = flags.DEFINE_list("batch", ["1"], "Sequences per step (a list).")
+_JSON = flags.DEFINE_string("json", None, "Also write the rows to this file.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps (median).")
 _MODEL = flags.DEFINE_string("model", assets.DEFAULT_MODEL,
                              "registered name or checkpoint path (shapes)")
@@ -36,11 +45,12 @@ _MODEL = flags.DEFINE_string("model", assets.DEFAULT_MODEL,
 
 def main(argv):
   del argv
-  contexts = []
+  contexts = [int(c) for c in _CONTEXTS.value]
   c = 1024
-  while c <= _MAX_CONTEXT.value:
+  while not _CONTEXTS.value and c <= _MAX_CONTEXT.value:
     contexts.append(c)
     c *= 2
+  batches = [int(b) for b in _BATCH.value]
   config = model_config(_MODEL.value)
   runtime = Runtime(decoder_from_params(config, random_params(config)))
   print(machine_description())
@@ -49,11 +59,15 @@ def main(argv):
   print(f"model: random float32 weights of the {_MODEL.value} shapes "
         f"({config.name}, L={config.num_layers}, K={config.num_kv_heads}, "
         f"N={config.num_heads}, H={config.head_dim}{local}); "
-        f"B={_BATCH.value}; "
+        f"B={batches}; "
         f"median of {_REPEATS.value} steps; contexts {contexts}")
-  rows = decode_bench.run(runtime, _KINDS.value, contexts,
-                          batch_size=_BATCH.value, repeats=_REPEATS.value)
+  rows = []
+  for batch in batches:
+    rows += decode_bench.run(runtime, _KINDS.value, contexts,
+                             batch_size=batch, repeats=_REPEATS.value)
   print(decode_bench.format_table(rows))
+  if _JSON.value:
+    print(f"rows: {decode_bench.write_rows(_JSON.value, _MODEL.value, rows)}")
 
 
 if __name__ == "__main__":

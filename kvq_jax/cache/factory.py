@@ -27,17 +27,22 @@ def init_cache(config: ModelConfig, batch_size: int, capacity: int,
   """
   if spec is not None:
     spec.check_num_layers(config.num_layers)
+  return init_layer_caches(config, lambda i: layer_cache(
+      config, i, batch_size, capacity, spec, dtype))
 
-  def make(i: int):
-    layer = None if spec is None else spec.layer(i)
-    if layer is None or layer.is_full_precision:
-      return dense_layer_cache(config, i, batch_size, capacity, dtype)
-    window = config.layer_window(i)
-    if window is None:
-      return QuantizedLayerCache.create(layer, batch_size, capacity,
-                                        config.num_kv_heads, config.head_dim,
-                                        dtype)
-    return SlidingQuantizedLayerCache.create(
-        layer, batch_size, capacity, config.num_kv_heads, config.head_dim,
-        dtype, sliding_window=window)
-  return init_layer_caches(config, make)
+
+def layer_cache(config: ModelConfig, index: int, batch_size: int,
+                capacity: int, spec: CacheSpec | None = None,
+                dtype=jnp.float32):
+  """Layer `index`'s cache, as `init_cache` builds it."""
+  layer = None if spec is None else spec.layer(index)
+  if layer is None or layer.is_full_precision:
+    return dense_layer_cache(config, index, batch_size, capacity, dtype)
+  window = config.layer_window(index)
+  if window is None:
+    return QuantizedLayerCache.create(layer, batch_size, capacity,
+                                      config.num_kv_heads, config.head_dim,
+                                      dtype)
+  return SlidingQuantizedLayerCache.create(
+      layer, batch_size, capacity, config.num_kv_heads, config.head_dim,
+      dtype, sliding_window=window)

@@ -1,5 +1,8 @@
 """One decode step vs context length: time, XLA temp memory, cache bytes.
 
+Kinds are named by `bench_kinds` (bf16, float32 or any preset); ratios in
+the table are to the fastest full-precision cache at the same context.
+
 Every cache kind at one context gets the same number of slots: `context`
 rounded up to whole blocks of every quantized kind (`equal_slots`), and
 lengths that start at `context - repeats - 1`, so every timed step attends
@@ -14,7 +17,9 @@ through because it is donated).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import pathlib
 import statistics
 import time
 from typing import Callable, Sequence
@@ -24,34 +29,26 @@ import jax.numpy as jnp
 
 from kvq_jax.cache.factory import init_cache
 from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.experiment.bench_kinds import FULL_PRECISION, resolve_kind
 from kvq_jax.experiment.decode_speed import equal_slots
+from kvq_jax.experiment.memory import effective_bits
+from kvq_jax.experiment.timing import machine_description
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.runtime import Runtime
-from kvq_jax.quant import QuantSpec
-
-# The bench's cache kinds: name -> (CacheSpec or None for dense, dtype).
-KINDS: dict[str, tuple[CacheSpec | None, jnp.dtype]] = {
-    "bf16": (None, jnp.bfloat16),
-    "int8": (CacheSpec(k=QuantSpec("int8", "symmetric", "per_token"),
-                       v=QuantSpec("int8", "symmetric", "per_token")),
-             jnp.bfloat16),
-    "int4_g32": (CacheSpec(k=QuantSpec("int4", "symmetric", "per_group", 32),
-                           v=QuantSpec("int4", "symmetric", "per_group", 32)),
-                 jnp.bfloat16),
-    "kivi2": (CacheSpec(k=QuantSpec("int2", "asymmetric", "per_channel", 32),
-                        v=QuantSpec("int2", "asymmetric", "per_group", 32),
-                        residual=128),
-              jnp.bfloat16),
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Row:
+  """One timed decode step (the `--json` rows)."""
+
   kind: str
   context: int
-  seconds: float  # Median wall-clock seconds of one decode step.
+  batch: int
+  slots: int  # Cache capacity, the same for every kind at one context.
+  seconds_median: float  # Wall-clock seconds of one decode step.
+  seconds_min: float
   temp_bytes: int  # XLA temporaries of the compiled decode step.
   cache_bytes: int  # Every leaf of the cache (storage + fp buffers).
+  effective_bits: float  # Per K/V element held at `context` (memory).
 
 
 def _leaf_bytes(tree) -> int:
@@ -88,6 +85,20 @@ def decode_step_memory(runtime: Runtime, spec: CacheSpec | None,
   return int(compiled.memory_analysis().temp_size_in_bytes), _leaf_bytes(bf16)
 
 
+def timed_steps(step: Callable, cache, repeats: int) -> list[float]:
+  """Wall-clock seconds of `repeats` calls of step(cache) -> (out, cache)
+  after one warm-up call, the (donated) cache threaded through."""
+  out, cache = step(cache)
+  jax.block_until_ready(out)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    out, cache = step(cache)
+    jax.block_until_ready((out, cache))
+    times.append(time.perf_counter() - start)
+  return times
+
+
 def bench_one(runtime: Runtime, kind: str, spec: CacheSpec | None, dtype,
               batch_size: int, context: int, repeats: int,
               slots: int | None = None) -> Row:
@@ -113,54 +124,75 @@ def bench_one(runtime: Runtime, kind: str, spec: CacheSpec | None, dtype,
   temp = int(compiled.memory_analysis().temp_size_in_bytes)
   cache_bytes = _leaf_bytes(cache)
   token = jnp.zeros((batch_size,), jnp.int32)
-  logits, cache = compiled(runtime.state, token, cache, None)  # Warm-up.
-  jax.block_until_ready(logits)
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    logits, cache = compiled(runtime.state, token, cache, None)
-    jax.block_until_ready((logits, cache))
-    times.append(time.perf_counter() - start)
-  return Row(kind=kind, context=context, seconds=statistics.median(times),
-             temp_bytes=temp, cache_bytes=cache_bytes)
+  times = timed_steps(lambda c: compiled(runtime.state, token, c, None),
+                      cache, repeats)
+  return Row(kind=kind, context=context, batch=batch_size, slots=slots,
+             seconds_median=statistics.median(times), seconds_min=min(times),
+             temp_bytes=temp, cache_bytes=cache_bytes,
+             effective_bits=effective_bits(runtime.config, spec, dtype,
+                                           context))
 
 
 def run(runtime: Runtime, kinds: Sequence[str], contexts: Sequence[int], *,
         batch_size: int, repeats: int,
         log: Callable[[str], None] = print) -> list[Row]:
+  """Every kind (`bench_kinds.resolve_kind`) at every context, all kinds
+  of one context in caches of the same number of slots."""
+  resolved = {kind: resolve_kind(kind) for kind in kinds}
   rows = []
-  for kind in kinds:
-    if kind not in KINDS:
-      raise ValueError(
-          f"decode_bench: kind={kind!r}; allowed: {', '.join(KINDS)}.")
   for context in contexts:
-    slots = equal_slots(context, [KINDS[kind][0] for kind in kinds])
-    for kind in kinds:
-      spec, dtype = KINDS[kind]
+    slots = equal_slots(context, [spec for spec, _ in resolved.values()])
+    for kind, (spec, dtype) in resolved.items():
       row = bench_one(runtime, kind, spec, dtype, batch_size, context,
                       repeats, slots)
-      log(f"  {kind} @ {context}: {row.seconds * 1e3:.1f} ms")
+      log(f"  {kind} @ {context}: {row.seconds_median * 1e3:.1f} ms")
       rows.append(row)
   return rows
 
 
-def format_table(rows: Sequence[Row], baseline: str = "bf16") -> str:
-  """Markdown table; ratios are to `baseline` at the same context."""
-  base = {r.context: r for r in rows if r.kind == baseline}
-  lines = ["| context | cache | ms/step | x time | temp MiB | x temp | "
-           "cache MiB | x cache |",
-           "|---:|---|---:|---:|---:|---:|---:|---:|"]
+def fastest_full_precision(rows: Sequence[Row]) -> dict[tuple[int, int], Row]:
+  """(context, batch) -> the fastest dense (bf16 / float32) row there."""
+  best = {}
+  for r in rows:
+    key = (r.context, r.batch)
+    if r.kind in FULL_PRECISION and (
+        key not in best or r.seconds_median < best[key].seconds_median):
+      best[key] = r
+  return best
+
+
+def format_table(rows: Sequence[Row]) -> str:
+  """Markdown table; ratios are to the fastest full-precision cache of the
+  same context and batch (named in the last column)."""
+  base = fastest_full_precision(rows)
+  lines = ["| context | B | cache | eff. bits | ms/step | x time | temp MiB "
+           "| cache MiB | x cache | vs |",
+           "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
 
   def ratio(a: float, b: float | None) -> str:
     return f"{a / b:.3f}" if b else "-"
 
   for r in rows:
-    b = base.get(r.context)
+    b = base.get((r.context, r.batch))
     lines.append(
-        f"| {r.context} | {r.kind} | {r.seconds * 1e3:.2f} | "
-        f"{ratio(r.seconds, b and b.seconds)} | "
-        f"{r.temp_bytes / 2**20:.2f} | "
-        f"{ratio(r.temp_bytes, b and b.temp_bytes)} | "
-        f"{r.cache_bytes / 2**20:.2f} | "
-        f"{ratio(r.cache_bytes, b and b.cache_bytes)} |")
+        f"| {r.context} | {r.batch} | {r.kind} | {r.effective_bits:.2f} | "
+        f"{r.seconds_median * 1e3:.2f} | "
+        f"{ratio(r.seconds_median, b and b.seconds_median)} | "
+        f"{r.temp_bytes / 2**20:.2f} | {r.cache_bytes / 2**20:.2f} | "
+        f"{ratio(r.cache_bytes, b and b.cache_bytes)} | "
+        f"{b.kind if b else '-'} |")
   return "\n".join(lines)
+
+
+def rows_json(rows: Sequence[Row]) -> list[dict]:
+  """The rows as JSON-ready dicts (`--json=FILE`)."""
+  return [dataclasses.asdict(r) for r in rows]
+
+
+def write_rows(path: str, model: str, rows: Sequence[Row]) -> pathlib.Path:
+  """`--json=FILE`: {"machine", "model", "rows"}; returns the path."""
+  out = pathlib.Path(path)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps({"machine": machine_description(), "model": model,
+                             "rows": rows_json(rows)}, indent=1))
+  return out
