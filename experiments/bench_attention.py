@@ -25,6 +25,7 @@ import jax
 from kvq_jax import assets
 from kvq_jax.experiment import attention_bench, decode_bench
 from kvq_jax.experiment.bench_kinds import DEFAULT_KINDS
+from kvq_jax.experiment.data_flags import int_list
 from kvq_jax.facade import model_config
 from kvq_jax.kernels import benchmark
 
@@ -60,22 +61,12 @@ _JSON = flags.DEFINE_string("json", None, "--mode=cache: also write the rows "
                             "to this file.")
 
 
-def _contexts(on_cpu: bool) -> list[int]:
-  if _CONTEXTS.value:
-    return [int(c) for c in _CONTEXTS.value]
-  max_context = _MAX_CONTEXT.value or (16384 if on_cpu else 131072)
-  out, c = [], 1024
-  while c <= max_context:
-    out.append(c)
-    c *= 2
-  return out
-
-
 def main(argv):
   del argv
   on_cpu = jax.default_backend() == "cpu"
-  contexts = _contexts(on_cpu)
-  batches = [int(b) for b in _BATCH.value]
+  contexts = decode_bench.bench_contexts(
+      int_list(_CONTEXTS), _MAX_CONTEXT.value or (16384 if on_cpu else 131072))
+  batches = int_list(_BATCH)
   print(benchmark.machine_description())
   if _MODE.value == "cache":
     config = model_config(_MODEL.value)

@@ -25,6 +25,7 @@ from absl import flags
 from kvq_jax import assets
 from kvq_jax.experiment import decode_bench
 from kvq_jax.experiment.bench_kinds import DEFAULT_KINDS
+from kvq_jax.experiment.data_flags import int_list
 from kvq_jax.experiment.timing import machine_description
 from kvq_jax.facade import model_config
 from kvq_jax.models.params import decoder_from_params, random_params
@@ -45,12 +46,9 @@ _MODEL = flags.DEFINE_string("model", assets.DEFAULT_MODEL,
 
 def main(argv):
   del argv
-  contexts = [int(c) for c in _CONTEXTS.value]
-  c = 1024
-  while not _CONTEXTS.value and c <= _MAX_CONTEXT.value:
-    contexts.append(c)
-    c *= 2
-  batches = [int(b) for b in _BATCH.value]
+  contexts = decode_bench.bench_contexts(int_list(_CONTEXTS),
+                                         _MAX_CONTEXT.value)
+  batches = int_list(_BATCH)
   config = model_config(_MODEL.value)
   runtime = Runtime(decoder_from_params(config, random_params(config)))
   print(machine_description())

@@ -45,6 +45,7 @@ from kvq_jax.cache import init_layer_caches
 from kvq_jax.cache.dense import write_and_attend
 from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import LayerSpec
+from kvq_jax.eval.token_metrics import kl_divergence
 from kvq_jax.models.decoder import Decoder
 from kvq_jax.models.rope import Rope
 from kvq_jax.research import fake_quant
@@ -174,8 +175,7 @@ def scored_kl(logits_BxTxV: jax.Array, base_logp_BxPxV: jax.Array,
   prediction j reads logits at position j)."""
   logp = jax.nn.log_softmax(
       logits_BxTxV[:, first:-1].astype(jnp.float32), axis=-1)
-  p_base = jnp.exp(base_logp_BxPxV)
-  return jnp.mean(jnp.sum(p_base * (base_logp_BxPxV - logp), axis=-1))
+  return jnp.mean(kl_divergence(base_logp_BxPxV, logp))
 
 
 class KLFit:

@@ -13,6 +13,11 @@ def next_token_nll(logits_BxTxV: jax.Array, tokens_BxT: jax.Array) -> jax.Array:
   return -jnp.take_along_axis(logp_BxTxV, targets_BxT[..., None], -1)[..., 0]
 
 
+def kl_divergence(logp_base: jax.Array, logp_quant: jax.Array) -> jax.Array:
+  """KL(base || quant) in nats over the last axis, from log-probabilities."""
+  return jnp.sum(jnp.exp(logp_base) * (logp_base - logp_quant), axis=-1)
+
+
 def compare_logits(base_BxTxV: jax.Array, quant_BxTxV: jax.Array,
                    tokens_BxT: jax.Array) -> dict[str, jax.Array]:
   """Per-prediction metrics [B, T-1] of a quantized run against its baseline.
@@ -26,6 +31,6 @@ def compare_logits(base_BxTxV: jax.Array, quant_BxTxV: jax.Array,
   return {
       "nll_base": -jnp.take_along_axis(logp_b, targets, -1)[..., 0],
       "nll_quant": -jnp.take_along_axis(logp_q, targets, -1)[..., 0],
-      "kl": jnp.sum(jnp.exp(logp_b) * (logp_b - logp_q), axis=-1),
+      "kl": kl_divergence(logp_b, logp_q),
       "top1": jnp.argmax(logp_b, -1) == jnp.argmax(logp_q, -1),
   }

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from kvq_jax.cache.factory import layer_cache
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.experiment.bench_kinds import resolve_kind
-from kvq_jax.experiment.decode_bench import Row, timed_steps
+from kvq_jax.experiment.decode_bench import Row, leaf_bytes, timed_steps
 from kvq_jax.experiment.decode_speed import equal_slots
 from kvq_jax.experiment.memory import effective_bits
 from kvq_jax.models.config import ModelConfig
@@ -56,7 +56,7 @@ def bench_layer(config: ModelConfig, kind: str, spec: CacheSpec | None,
   compiled = jax.jit(attend, donate_argnums=0).lower(
       jax.eval_shape(lambda: cache)).compile()
   temp = int(compiled.memory_analysis().temp_size_in_bytes)
-  cache_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(cache))
+  cache_bytes = leaf_bytes(cache)
   times = timed_steps(compiled, cache, repeats)
   name = kind if spec is None or implementation == "xla" else (
       f"{kind}:{implementation}")

@@ -51,7 +51,8 @@ class Row:
   effective_bits: float  # Per K/V element held at `context` (memory).
 
 
-def _leaf_bytes(tree) -> int:
+def leaf_bytes(tree) -> int:
+  """Bytes of every leaf of a (possibly abstract) pytree."""
   return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
              for x in jax.tree_util.tree_leaves(tree))
 
@@ -82,7 +83,18 @@ def decode_step_memory(runtime: Runtime, spec: CacheSpec | None,
   compiled = _lower_decode(runtime, cache, batch_size).compile()
   bf16 = _abstract_cache(runtime.config, None, jnp.bfloat16, batch_size,
                          capacity)
-  return int(compiled.memory_analysis().temp_size_in_bytes), _leaf_bytes(bf16)
+  return int(compiled.memory_analysis().temp_size_in_bytes), leaf_bytes(bf16)
+
+
+def bench_contexts(explicit: Sequence[int], max_context: int) -> list[int]:
+  """`explicit` if given, else 1024, 2048, ... doubling up to max_context."""
+  if explicit:
+    return list(explicit)
+  out, c = [], 1024
+  while c <= max_context:
+    out.append(c)
+    c *= 2
+  return out
 
 
 def timed_steps(step: Callable, cache, repeats: int) -> list[float]:
@@ -122,7 +134,7 @@ def bench_one(runtime: Runtime, kind: str, spec: CacheSpec | None, dtype,
   compiled = _lower_decode(runtime, jax.eval_shape(lambda: cache),
                            batch_size).compile()
   temp = int(compiled.memory_analysis().temp_size_in_bytes)
-  cache_bytes = _leaf_bytes(cache)
+  cache_bytes = leaf_bytes(cache)
   token = jnp.zeros((batch_size,), jnp.int32)
   times = timed_steps(lambda c: compiled(runtime.state, token, c, None),
                       cache, repeats)

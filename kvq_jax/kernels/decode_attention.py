@@ -75,10 +75,18 @@ def _target(interpret: bool, platform: str | None) -> str:
     return "interpret"
   if platform is None:
     return "tpu" if jax.default_backend() == "tpu" else "cuda"
-  if platform not in PLATFORMS:
-    raise ValueError(f"decode_attention: platform={platform!r}; allowed: "
-                     f"None (the default backend), {', '.join(PLATFORMS)}.")
+  reason = _platform_reason(platform)
+  if reason:
+    raise ValueError(f"decode_attention: {reason}")
   return platform
+
+
+def _platform_reason(platform: str | None) -> str | None:
+  """Why `platform` is not a target, or None."""
+  if platform is not None and platform not in PLATFORMS:
+    return (f"platform={platform!r}; allowed: None (the default backend), "
+            f"{', '.join(PLATFORMS)}.")
+  return None
 
 
 def _padded_heads(g: int, target: str) -> int:
@@ -183,9 +191,9 @@ def decode_attention_supported(q_BxKxGxH, k, v, length_B, *,
                                interpret: bool = False) -> str | None:
   """Why `decode_attention` cannot run on these inputs (on `platform`, see
   the module docstring), or None if it can."""
-  if platform is not None and platform not in PLATFORMS:
-    return (f"platform={platform!r}; allowed: None (the default backend), "
-            f"{', '.join(PLATFORMS)}.")
+  reason = _platform_reason(platform)
+  if reason:
+    return reason
   head_dim = q_BxKxGxH.shape[-1]
   if not hasattr(k, "data") or not hasattr(v, "data"):
     return ("k and v must be kvq_jax.quant.QuantizedArray; use "
@@ -225,9 +233,9 @@ def decode_attention_dense_supported(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH,
                                      platform: str | None = None,
                                      interpret: bool = False) -> str | None:
   """Why `decode_attention_dense` cannot run on these inputs, or None."""
-  if platform is not None and platform not in PLATFORMS:
-    return (f"platform={platform!r}; allowed: None (the default backend), "
-            f"{', '.join(PLATFORMS)}.")
+  reason = _platform_reason(platform)
+  if reason:
+    return reason
   if hasattr(k_BxKxSxH, "data") or hasattr(v_BxKxSxH, "data"):
     return ("k and v must be plain [B, K, S, H] arrays; use decode_attention "
             "for QuantizedArray caches.")

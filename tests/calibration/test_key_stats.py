@@ -15,7 +15,6 @@ from kvq_jax.calibration.key_stats import (KeyStatsOptions, key_affines,
 from kvq_jax.calibration.key_stats_store import load_key_stats, save_key_stats
 from kvq_jax.calibration.recording import LayerRecord
 from kvq_jax.experiment.settings import settings_from_config
-from kvq_jax.sweep.points import load_preset
 
 from kvq_jax.quant import QuantSpec
 from tests.experiment import tiny_hf_model
@@ -195,13 +194,7 @@ def test_store_round_trip(tmp_path):
 
 
 def test_calibrate_keys_end_to_end_on_a_tiny_model(tmp_path):
-  model = str(tiny_hf_model.write_tiny_model(tmp_path / "model"))
-  text = str(tiny_hf_model.write_eval_text(tmp_path / "eval.txt"))
-  config = load_preset("tq4")
-  config.model = model
-  config.eval.window_len = 32
-  config.eval.num_windows = 2
-  config.cache.key_stats = ""
+  config, text = tiny_hf_model.calibration_preset(tmp_path, "tq4")
   summary = calibrate_keys(config, str(tmp_path / "ks"), eval_data=text,
                            num_calib_windows=2)
   assert summary["evaluation_tokens"][1] <= summary["calibration_tokens"][0]

@@ -22,7 +22,6 @@ from kvq_jax.calibration.recording import record_qkv
 from kvq_jax.facade import LoadedModel, window_forward
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.quant import QuantSpec
-from kvq_jax.sweep.points import load_preset
 from tests.experiment import tiny_hf_model
 from tests.models.tiny import TINY
 
@@ -178,13 +177,7 @@ def test_fit_keys_end_to_end_on_a_tiny_model(tmp_path):
   """calibrate_keys --mode=range, then fit_keys: the written stats load
   into the preset's cache, ranges moved by the fitted per-layer ratios,
   and the sidecar records what the fit saw."""
-  model = str(tiny_hf_model.write_tiny_model(tmp_path / "model"))
-  text = str(tiny_hf_model.write_eval_text(tmp_path / "eval.txt"))
-  config = load_preset("kq4")
-  config.model = model
-  config.eval.window_len = 32
-  config.eval.num_windows = 2
-  config.cache.key_stats = ""
+  config, text = tiny_hf_model.calibration_preset(tmp_path, "kq4")
   calibrate_keys(config, str(tmp_path / "ks"), eval_data=text,
                  num_calib_windows=2,
                  options=KeyStatsOptions(mode="range"))

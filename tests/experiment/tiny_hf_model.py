@@ -4,7 +4,8 @@
 llama weights: V=64, D=64, F=128, N=2 query heads, K=1 KV head, H=32, L=2),
 tokenizer.json (a BPE trained with the `tokenizers` library on `SENTENCES`,
 at most V tokens) and tokenizer_config.json. `write_eval_text(path)` writes
-a text that tokenizes to a few hundred tokens.
+a text that tokenizes to a few hundred tokens. `calibration_preset` points
+a preset at both, for the calibration tools' end-to-end tests.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import pathlib
 import numpy as np
 import safetensors.numpy
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from kvq_jax.sweep.points import load_preset
 
 V, D, F, N, K, H, L = 64, 64, 128, 2, 1, 32, 2
 
@@ -80,3 +83,14 @@ def write_tiny_model(directory: pathlib.Path, seed: int = 0) -> pathlib.Path:
 def write_eval_text(path: pathlib.Path, repeats: int = 6) -> pathlib.Path:
   path.write_text("\n".join(SENTENCES * repeats) + "\n", encoding="utf-8")
   return path
+
+
+def calibration_preset(tmp_path: pathlib.Path, preset: str):
+  """(preset `preset` on a tiny model in tmp_path: 2 evaluation windows of
+  32 tokens, no key statistics; the path of its eval text)."""
+  config = load_preset(preset)
+  config.model = str(write_tiny_model(tmp_path / "model"))
+  config.eval.window_len = 32
+  config.eval.num_windows = 2
+  config.cache.key_stats = ""
+  return config, str(write_eval_text(tmp_path / "eval.txt"))
