@@ -21,6 +21,7 @@ kvq_jax/longctx/agreement.py.
 from absl import app
 from absl import flags
 
+from kvq_jax.experiment import log_setup
 from kvq_jax.experiment.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.experiment.data_flags import DEFINE_data_flags, int_list
 from kvq_jax.longctx.agreement import AgreementRequest, run_agreement
@@ -44,6 +45,7 @@ _BATCH_SIZE = flags.DEFINE_integer(
 
 
 def main(argv):
+  log_setup.configure_from_flags()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   name = preset_name()

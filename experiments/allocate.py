@@ -19,6 +19,7 @@ import pathlib
 from absl import app
 from absl import flags
 
+from kvq_jax.experiment import log_setup
 from kvq_jax.research import allocator, preset_writer
 from kvq_jax.research.sensitivity_table import load_json, merge_tables
 
@@ -38,6 +39,7 @@ _WORKDIR = flags.DEFINE_string(
 
 
 def main(argv):
+  log_setup.configure_from_flags()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   paths = _SENSITIVITY.value

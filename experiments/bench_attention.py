@@ -23,7 +23,7 @@ from absl import flags
 import jax
 
 from kvq_jax import assets
-from kvq_jax.experiment import attention_bench, decode_bench
+from kvq_jax.experiment import attention_bench, decode_bench, log_setup
 from kvq_jax.experiment.bench_kinds import DEFAULT_KINDS
 from kvq_jax.experiment.data_flags import int_list
 from kvq_jax.facade import model_config
@@ -62,6 +62,7 @@ _JSON = flags.DEFINE_string("json", None, "--mode=cache: also write the rows "
 
 
 def main(argv):
+  log_setup.configure_from_flags()
   del argv
   on_cpu = jax.default_backend() == "cpu"
   contexts = decode_bench.bench_contexts(

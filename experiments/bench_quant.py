@@ -13,6 +13,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
+from kvq_jax.experiment import log_setup
 from kvq_jax.experiment.timing import machine_description, time_fn
 from kvq_jax.quant import QuantSpec, dequantize, quantize
 
@@ -33,6 +34,7 @@ FORMATS = {
 
 
 def main(argv):
+  log_setup.configure_from_flags()
   del argv
   print(machine_description())
   x = jax.random.normal(jax.random.key(0), (1, _TOKENS.value, 3, 64),

@@ -19,6 +19,7 @@ from absl import flags
 
 from kvq_jax.calibration.optimize import CalibrationOptions
 from kvq_jax.calibration.runner import calibrate
+from kvq_jax.experiment import log_setup
 from kvq_jax.experiment.config_flag import DEFINE_preset_config
 from kvq_jax.experiment.data_flags import DEFINE_data_flags
 
@@ -36,6 +37,7 @@ _EVALUATE = flags.DEFINE_boolean(
 
 
 def main(argv):
+  log_setup.configure_from_flags()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   summary = calibrate(

@@ -20,6 +20,7 @@ from absl import flags
 
 from kvq_jax.calibration.key_runner import calibrate_keys
 from kvq_jax.calibration.key_stats import KeyStatsOptions
+from kvq_jax.experiment import log_setup
 from kvq_jax.experiment.config_flag import DEFINE_preset_config
 from kvq_jax.experiment.data_flags import DEFINE_data_flags
 
@@ -50,6 +51,7 @@ _OUTLIERS = flags.DEFINE_integer(
 
 
 def main(argv):
+  log_setup.configure_from_flags()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   summary = calibrate_keys(

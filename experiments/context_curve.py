@@ -24,6 +24,7 @@ Outputs: WORKDIR/context_curve.{csv,json,png}, WORKDIR/summary.md.
 from absl import app
 from absl import flags
 
+from kvq_jax.experiment import log_setup
 from kvq_jax.experiment.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.experiment.data_flags import DEFINE_data_flags, int_list
 from kvq_jax.longctx.curve import (DEFAULT_CONTEXTS, CurveRequest,
@@ -55,6 +56,7 @@ def _num_windows():
 
 
 def main(argv):
+  log_setup.configure_from_flags()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   name = preset_name()

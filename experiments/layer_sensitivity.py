@@ -15,6 +15,7 @@ summary.txt to --workdir (default runs/sensitivity_<preset>).
 from absl import app
 from absl import flags
 
+from kvq_jax.experiment import log_setup
 from kvq_jax.experiment.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.experiment.data_flags import DEFINE_data_flags
 from kvq_jax.research.sensitivity_runner import run_layer_sensitivity
@@ -41,6 +42,7 @@ _CHECK = flags.DEFINE_bool(
 
 
 def main(argv):
+  log_setup.configure_from_flags()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   name = preset_name()

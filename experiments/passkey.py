@@ -24,6 +24,7 @@ PNG per preset beside the baseline's, summary.md and config.json to
 from absl import app
 from absl import flags
 
+from kvq_jax.experiment import log_setup
 from kvq_jax.experiment.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.experiment.data_flags import DEFINE_data_flags, int_list
 from kvq_jax.longctx.passkey import (FILLERS, PRESETS_ON, PasskeyRequest,
@@ -52,6 +53,7 @@ _PRESETS_ON = flags.DEFINE_enum(
 
 
 def main(argv):
+  log_setup.configure_from_flags()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   name = preset_name()

@@ -18,6 +18,7 @@ Outputs: WORKDIR/sweep.csv, WORKDIR/pareto.png, WORKDIR/config.json.
 from absl import app
 from absl import flags
 
+from kvq_jax.experiment import log_setup
 from kvq_jax.experiment.config_flag import DEFINE_preset_config
 from kvq_jax.experiment.data_flags import DEFINE_data_flags, int_list
 from kvq_jax.sweep.runner import SweepRequest, run_sweep
@@ -38,6 +39,7 @@ _POINTS = flags.DEFINE_list("points", [], "named points (module docstring)")
 
 
 def main(argv):
+  log_setup.configure_from_flags()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   request = SweepRequest(

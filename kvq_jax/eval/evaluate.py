@@ -4,6 +4,9 @@ Both passes see the same windows in the same batches; per-token metrics are
 computed on device and only the scored predictions come back to the host.
 They are kept per window ([W, N]) so that the quantized run's paired
 statistics (`eval.paired`) can treat each window as one correlated cluster.
+A forward may return a global array spanning several processes (a
+multi-process mesh, `sharding.eval`): every process then calls this with
+the same windows, and the per-token metrics are gathered to each of them.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from kvq_jax.eval.paired import PairedStats, paired_stats
 from kvq_jax.eval.perplexity import Perplexity, perplexity_from_nll
@@ -64,6 +68,14 @@ class EvalResult:
 
 _compare = jax.jit(compare_logits)
 _nll = jax.jit(next_token_nll)
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+  """`x` on the host; gathered from every process when it spans several
+  (the forwards of a multi-process mesh, `sharding.eval`)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return multihost_utils.process_allgather(x, tiled=True)
+  return np.asarray(x)
 
 
 def _checked(logits_BxTxV: jax.Array, positions: int) -> jax.Array:
@@ -132,7 +144,7 @@ def evaluate_many(windows_WxT: np.ndarray, mask_T: np.ndarray,
     for name, per_token in per_run.items():
       for key, value in per_token.items():
         collected.setdefault(name, {}).setdefault(key, []).append(
-            np.asarray(value)[:, mask_tail])
+            _to_host(value)[:, mask_tail])
     if progress is not None:
       progress(min(start + batch_size, num_windows), num_windows)
   results = {}

@@ -1,5 +1,5 @@
-"""The `--eval_data` and `--model` flags every experiment script shares, and
-the parsing of comma-separated integer lists."""
+"""The `--eval_data` and `--model` flags every experiment script shares (or
+`--model` alone), and the parsing of comma-separated integer lists."""
 
 from __future__ import annotations
 
@@ -16,9 +16,14 @@ def DEFINE_data_flags() -> tuple[flags.FlagHolder, flags.FlagHolder]:  # pylint:
   eval_data = flags.DEFINE_string(
       "eval_data", None,
       "UTF-8 text file; default: stdlib sources (WORKSPACE.md)")
-  model = flags.DEFINE_string("model", None,
-                              "model name or path; default: config.model")
-  return eval_data, model
+  return eval_data, DEFINE_model_flag()
+
+
+def DEFINE_model_flag() -> flags.FlagHolder:  # pylint: disable=invalid-name
+  """Defines --model alone (scripts that read no evaluation text); default
+  None: the preset's `config.model`."""
+  return flags.DEFINE_string("model", None,
+                             "model name or path; default: config.model")
 
 
 def int_list(holder: flags.FlagHolder) -> tuple[int, ...]:

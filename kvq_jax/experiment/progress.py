@@ -16,10 +16,12 @@ class ProgressBar:
   def __call__(self, done: int, total: int) -> None:
     filled = int(self.width * done / max(total, 1))
     elapsed = time.perf_counter() - self.start
-    eta = elapsed / done * (total - done) if done else 0.0
+    # No ETA before the first step (it includes compilation): '?'.
+    eta = (f"{elapsed / done * (total - done):5.1f}s" if done
+           else f"{'?':>6}")
     self.stream.write(
         f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-        f"{done}/{total} {elapsed:6.1f}s elapsed, eta {eta:5.1f}s")
+        f"{done}/{total} {elapsed:6.1f}s elapsed, eta {eta}")
     if done >= total:
       self.stream.write("\n")
     self.stream.flush()

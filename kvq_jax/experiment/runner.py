@@ -6,6 +6,7 @@ import functools
 import platform
 import time
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 from absl import logging
@@ -24,6 +25,33 @@ from kvq_jax.sharding import (make_mesh, shard_params,
                               sharded_window_forward)
 
 
+def _decode_metrics(lm, settings, speedup_estimate: float | None,
+                    machine: str) -> dict:
+  """The decode benchmark's keys: tokens/s of the baseline (and quantized)
+  cache at `settings.decode_bench`, measured speed-up and its note."""
+  db = settings.decode_bench
+  quant_spec = settings.cache_spec if settings.quantize else None
+  slots = equal_slots(db.context + db.steps + 1, [quant_spec])
+  metrics = {"decode_batch_size": db.batch_size,
+             "decode_context": db.context, "decode_slots": slots}
+  logging.info("decode benchmark: batch %d, context %d, %d steps",
+               db.batch_size, db.context, db.steps)
+  metrics["decode_tokens_per_s_baseline"] = decode_tokens_per_s(
+      lm, None, jnp.dtype(settings.dtype), db.batch_size, db.context,
+      db.steps, slots)
+  if settings.quantize:
+    metrics["decode_tokens_per_s_quant"] = decode_tokens_per_s(
+        lm, quant_spec, jnp.dtype(settings.cache_dtype), db.batch_size,
+        db.context, db.steps, slots)
+    metrics["decode_speedup_measured"] = (
+        metrics["decode_tokens_per_s_quant"]
+        / metrics["decode_tokens_per_s_baseline"])
+    metrics["speed_note"] = speed_note(speedup_estimate,
+                                       metrics["decode_speedup_measured"],
+                                       machine)
+  return metrics
+
+
 def run(config: ml_collections.ConfigDict, workdir: str,
         eval_data: str | None = None, model: str | None = None,
         name: str = "run", mesh: str | None = None) -> dict:
@@ -34,9 +62,24 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   (`sharded_window_forward`) over a ('data', 'model') mesh; the decode
   benchmark then runs with the sharded weights. Returns the metrics dict
   (also printed as a table).
+
+  Multi-process (`sharding.distributed` started first): every process calls
+  this with the same arguments and reads the same model and text; `mesh` is
+  required and spans every process's devices. Every process returns the
+  same evaluation metrics; process 0 alone shows progress, prints the table
+  and writes the files. The decode benchmark is skipped (a note says so):
+  its weights are spread over the processes, so a step's time would be the
+  cross-process collectives', not the cache's.
   """
   settings = settings_from_config(config)
   model_name = model or settings.model
+  processes = jax.process_count()
+  if processes > 1 and not mesh:
+    raise ValueError(
+        f"mesh={mesh!r} with {processes} processes: allowed: a mesh "
+        f"'DATAxMODEL' with DATA * MODEL = {jax.device_count()} (every "
+        f"process's devices), e.g. '{jax.device_count()}x1'.")
+  main_process = jax.process_index() == 0
   device_mesh = make_mesh(mesh) if mesh else None  # Fail before loading.
   lm = load_model(model_name, settings.dtype)
   if device_mesh is not None:
@@ -60,7 +103,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   windows = make_windows(ids, settings.eval.window_len,
                          settings.eval.num_windows, bos_id)
   mask = scored_mask(settings.eval.window_len, settings.eval.scoring)
-  logging.info("%d tokens; evaluating %d windows of %d", len(ids),
+  logging.info("tokenized: %d tokens; evaluating %d windows of %d", len(ids),
                windows.shape[0], windows.shape[1])
   forward = (window_forward if device_mesh is None else
              functools.partial(sharded_window_forward, mesh=device_mesh))
@@ -68,9 +111,12 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   quant_fn = (forward(lm, settings.cache_spec, settings.cache_dtype)
               if settings.quantize else None)
   started = time.perf_counter()
+  progress = ProgressBar("eval") if main_process else None
+  if progress is not None:  # The bar shows while the first batch runs.
+    progress(0, windows.shape[0])
   result = evaluate_windows(windows, mask, baseline_fn, quant_fn,
                             batch_size=settings.eval.batch_size,
-                            progress=ProgressBar("eval"))
+                            progress=progress)
   eval_seconds = time.perf_counter() - started
   metrics = {"preset": name, "model": model_name,
              "eval_data": data_description, "scoring": settings.eval.scoring}
@@ -84,29 +130,24 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   metrics["peak_rss_gib_eval"] = peak_rss_gib()
   metrics.update(memory_metrics)
   machine = machine_description()
-  db = settings.decode_bench
-  slots = equal_slots(db.context + db.steps + 1, [quant_spec])
-  metrics["decode_batch_size"], metrics["decode_context"] = (db.batch_size,
-                                                             db.context)
-  metrics["decode_slots"] = slots
-  metrics["decode_tokens_per_s_baseline"] = decode_tokens_per_s(
-      lm, None, baseline_dtype, db.batch_size, db.context, db.steps, slots)
-  if settings.quantize:
-    metrics["decode_tokens_per_s_quant"] = decode_tokens_per_s(
-        lm, quant_spec, quant_dtype, db.batch_size, db.context, db.steps,
-        slots)
-    metrics["decode_speedup_measured"] = (
-        metrics["decode_tokens_per_s_quant"]
-        / metrics["decode_tokens_per_s_baseline"])
-    metrics["speed_note"] = speed_note(metrics["speedup_estimate"],
-                                       metrics["decode_speedup_measured"],
-                                       machine)
+  if processes > 1:
+    metrics["processes"] = processes
+    metrics["speed_note"] = (
+        f"decode benchmark not run: the weights are spread over {processes} "
+        "processes, so a decode step would time their collectives; run it "
+        "with one process.")
+  else:
+    metrics.update(_decode_metrics(lm, settings,
+                                   metrics.get("speedup_estimate"), machine))
   metrics["machine"] = machine
   metrics["python"] = platform.python_version()
+  if not main_process:
+    return metrics
   summary = report.summary_markdown(name, metrics, machine)
   resolved = config.copy_and_resolve_references()
   resolved.model = model_name  # --model wins over config.model: record it.
-  report.write_run(workdir, resolved.to_json_best_effort(indent=2), metrics,
-                   summary)
+  out = report.write_run(workdir, resolved.to_json_best_effort(indent=2),
+                         metrics, summary)
   print(summary)
+  print(f"wrote {out}/: config.json, metrics.json, summary.md")
   return metrics

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 from typing import Any, Callable, Mapping, Sequence
 
 import tokenizers
@@ -36,6 +35,7 @@ from tokenizers import decoders
 from tokenizers import models
 from tokenizers import pre_tokenizers
 
+from kvq_jax.loaders import chat_template as chat_lib
 from kvq_jax.loaders import gguf as gguf_loader
 from kvq_jax.loaders import spm_tokenizer
 
@@ -116,36 +116,15 @@ class TextTokenizer:
 
   def apply_chat_template(self, messages: Sequence[Mapping[str, str]],
                           add_generation_prompt: bool = True) -> str:
-    """Renders a ChatML conversation (the SmolLM2 / Qwen2 template family).
+    """Renders a conversation in this tokenizer's chat format.
 
-    jinja2 is not a dependency, so only ChatML templates are understood; a
-    default system prompt hard-coded in the template as a plain literal
-    (`<|im_start|>system\n...<|im_end|>` with no braces or quotes between, as
-    in SmolLM2's and Qwen2.5's) is inserted when the conversation does not
-    start with a system message. Template code between the markers (Qwen2.5's
-    tools branch, `' + messages[0]['content'] + '`) is not a default prompt.
+    jinja2 is not a dependency: the template's family (ChatML: SmolLM2,
+    Qwen2.5; Gemma) is recognised and rendered by
+    `kvq_jax.loaders.chat_template` (its docstring has the rules, including
+    ChatML's default system prompt); another template is a ValueError.
     """
-    template = self.chat_template
-    if not template or "<|im_start|>" not in template:
-      raise ValueError(
-          f"chat_template={template!r:.80}: only ChatML templates "
-          "(containing '<|im_start|>') are supported.")
-    for i, message in enumerate(messages):
-      if not isinstance(message.get("role"), str) or not isinstance(
-          message.get("content"), str):
-        raise ValueError(f"messages[{i}]={message!r}: needs string 'role' and "
-                         "'content'.")
-    default_system = re.search(
-        r"<\|im_start\|>system(?:\n|\\n)([^{}'\"]*?)<\|im_end\|>", template)
-    parts = []
-    if default_system and (not messages or messages[0]["role"] != "system"):
-      parts.append(f"<|im_start|>system\n{default_system.group(1)}<|im_end|>\n")
-    for message in messages:
-      parts.append(f"<|im_start|>{message['role']}\n{message['content']}"
-                   "<|im_end|>\n")
-    if add_generation_prompt:
-      parts.append("<|im_start|>assistant\n")
-    return "".join(parts)
+    return chat_lib.render_chat(self.chat_template, messages,
+                                add_generation_prompt)
 
   def save(self, directory: str | os.PathLike[str]) -> None:
     """Writes tokenizer.json and kvq_tokenizer.json (ids, template)."""

@@ -10,11 +10,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kvq_jax.cache.factory import init_cache
+from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.models.decoder import Decoder
 from kvq_jax.models.runtime import Runtime
 
 
 _CAPACITY_ROUNDING = 64
+
+
+def default_capacity(num_prompt: int, max_new_tokens: int) -> int:
+  """The cache slots `generate` allocates by default: prompt + new tokens
+  rounded up to a multiple of 64, so prompts of similar length share
+  compiled steps."""
+  return -(-(num_prompt + max_new_tokens) // _CAPACITY_ROUNDING) * (
+      _CAPACITY_ROUNDING)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +47,8 @@ def generate(model: Decoder | Runtime, tokenizer: Any | None,
              prompt_ids: Sequence[int] | str, max_new_tokens: int, *,
              temperature: float = 0.0, seed: int = 0,
              eos_id: int | None = None,
-             cache_dtype=None) -> Generation:
+             cache_dtype=None, cache_spec: CacheSpec | None = None,
+             capacity: int | None = None) -> Generation:
   """Greedy (temperature 0) or sampled continuation of one prompt.
 
   Args:
@@ -51,7 +62,13 @@ def generate(model: Decoder | Runtime, tokenizer: Any | None,
     temperature: 0 for argmax, > 0 to sample from softmax(logits / T).
     seed: PRNG seed; step i samples with fold_in(key(seed), i).
     eos_id: stop after emitting it; None uses `config.eos_token_id`.
-    cache_dtype: dense cache dtype; None means the compute dtype.
+    cache_dtype: the full-precision cache dtype (the dense cache's storage,
+      what a quantized cache quantizes from); None means the compute dtype.
+    cache_spec: None for the dense cache, else the quantized cache of this
+      spec (`cache.factory.init_cache`), written by the same jitted prefill
+      and decode steps.
+    capacity: cache slots; None means `default_capacity`. Runs with the same
+      prompt length, capacity and cache kind share compiled programs.
   """
   runtime = model if isinstance(model, Runtime) else Runtime(model)
   if isinstance(prompt_ids, str):
@@ -70,16 +87,23 @@ def generate(model: Decoder | Runtime, tokenizer: Any | None,
         f"generate: temperature={temperature!r}; must be >= 0.")
   if eos_id is None:
     eos_id = runtime.config.eos_token_id
+  needed = len(prompt) + max_new_tokens
+  if capacity is None:
+    capacity = default_capacity(len(prompt), max_new_tokens)
+  elif isinstance(capacity, bool) or not isinstance(capacity, int) \
+      or capacity < needed:
+    raise ValueError(
+        f"generate: capacity={capacity!r}; allowed: an int >= prompt + "
+        f"max_new_tokens = {needed}.")
   if max_new_tokens == 0:
     return Generation(prompt, (), "" if tokenizer is not None else None)
 
   greedy = temperature == 0.0
   temp = jnp.float32(temperature if not greedy else 1.0)
   key = jax.random.key(seed)
-  # Round the capacity up so prompts of similar length share compiled steps.
-  capacity = -(-(len(prompt) + max_new_tokens) // _CAPACITY_ROUNDING) * (
-      _CAPACITY_ROUNDING)
-  cache = runtime.init_cache(1, capacity, cache_dtype)
+  cache = init_cache(runtime.config, 1, capacity, cache_spec,
+                     runtime.model.dtype if cache_dtype is None
+                     else cache_dtype)
   logits_1xTxV, cache = runtime.prefill(jnp.asarray([prompt], jnp.int32),
                                         cache)
   logits_1xV = logits_1xTxV[:, -1]

@@ -10,7 +10,8 @@ Leaf layouts (see kvq_jax/cache):
 An axis whose size does not divide by its mesh axis (e.g. 1 KV head on a
 4-way 'model' axis, or a batch of 3 on 2-way 'data') is replicated instead;
 the other axis still shards. Called outside `jit` the leaves are moved with
-`jax.device_put`; inside `jit` (tracers) `with_sharding_constraint` is used,
+`put_global` (`jax.device_put`, or each process's own shards on a mesh
+spanning processes); inside `jit` (tracers) `with_sharding_constraint` is used,
 so the same call shards a cache that a jitted function creates.
 """
 
@@ -26,6 +27,7 @@ from kvq_jax.cache.quantized import QuantizedLayerCache
 from kvq_jax.cache.sliding import SlidingDenseLayerCache
 from kvq_jax.cache.sliding_quantized import SlidingQuantizedLayerCache
 from kvq_jax.sharding.mesh import axis_size
+from kvq_jax.sharding.placement import put_global
 
 
 def _spec(shape: tuple[int, ...], kv_axis: int | None, data: int,
@@ -64,7 +66,7 @@ def layer_partition_specs(layer, mesh: Mesh):
 def _place(x, sharding):
   if isinstance(x, jax.core.Tracer):
     return jax.lax.with_sharding_constraint(x, sharding)
-  return jax.device_put(x, sharding)
+  return put_global(x, sharding)
 
 
 def shard_cache(cache: Sequence, mesh: Mesh) -> list:

@@ -12,6 +12,11 @@ boundaries (measured before: int4_g32's perplexity moved 2.0% on 2
 windows with mesh 2x3). So 'model' here
 only spreads the weights' storage; the math of every window is the
 unsharded math, and the packed caches and logits are bit-identical.
+
+On a mesh spanning several processes (`sharding.distributed`) every process
+calls the forward with the same windows and keeps the shards on its own
+devices; the logits come back as a global array (gather what is needed,
+e.g. `multihost_utils.process_allgather`, before reading it on the host).
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.facade import cache_dtype_name, windows_prefill_fn
 from kvq_jax.sharding.cache import batch_sharding
+from kvq_jax.sharding.placement import put_global
 
 
 @functools.lru_cache(maxsize=16)
@@ -42,10 +48,10 @@ def _call(model, spec, cache_dtype, mesh: Mesh, logits_only: bool):
   dtype_name = cache_dtype_name(model, cache_dtype)
 
   def call(tokens_BxT):
-    tokens = jnp.asarray(tokens_BxT, jnp.int32)
+    tokens = np.asarray(tokens_BxT, np.int32)  # The same on every process.
     sharding = batch_sharding(tokens.shape[0], mesh)
     split = sharding.spec != P()  # Windows over 'data' when they divide.
-    tokens = jax.device_put(tokens, sharding)
+    tokens = put_global(tokens, sharding)
     return _prefill(graphdef, spec, dtype_name, mesh, split,
                     logits_only)(state, tokens)
   return call

@@ -3,8 +3,10 @@
 'data' splits the batch (sequences / evaluation windows); 'model' splits
 attention heads, KV heads and the MLP hidden dimension (tensor parallelism).
 The mesh uses the first DATA * MODEL of `jax.devices()` (all *global*
-devices: on a multi-host run, call `jax.distributed.initialize()` first and
-the product must then equal the global device count).
+devices: on a multi-process run, start it first (`sharding.distributed`);
+the product must then equal the global device count, and since
+`jax.devices()` lists each process's devices together, a MODEL of one
+process's device count keeps 'model' inside a process).
 """
 
 from __future__ import annotations

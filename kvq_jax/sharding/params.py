@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.sharding.mesh import axis_size
+from kvq_jax.sharding.placement import put_global
 
 
 def _names(path) -> list[str]:
@@ -87,5 +88,7 @@ def shard_params(decoder_or_state: Any, mesh: Mesh,
     raise ValueError(
         "shard_params: config=None with a bare parameter State; allowed: pass "
         "the ModelConfig (head counts decide what divides), or a Decoder.")
-  return jax.device_put(decoder_or_state,
-                        param_shardings(decoder_or_state, config, mesh))
+  # put_global: on a mesh spanning processes, each cuts its own shards.
+  return jax.tree_util.tree_map(
+      put_global, decoder_or_state,
+      param_shardings(decoder_or_state, config, mesh))

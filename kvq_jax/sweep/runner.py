@@ -3,7 +3,8 @@
 One `evaluate_many` pass: per batch of windows the baseline forward runs once
 and every point's quantized forward is compared against it. Writes
 workdir/sweep.csv (every point, skipped ones with their reason),
-workdir/pareto.png and workdir/config.json (the resolved base config).
+workdir/pareto.png, workdir/config.json (the resolved base config) and
+workdir/run_info.json (evaluation data, timing, memory, machine).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
                      "combination was skipped and --points is empty).")
   if lm.tokenizer is None:
     raise ValueError("sweep: the model has no tokenizer.")
-  text, _ = load_eval_text(eval_data)
+  text, data_description = load_eval_text(eval_data)
   ids, bos_id = text_ids(lm.tokenizer, text)
   windows = make_windows(ids, settings.eval.window_len,
                          settings.eval.num_windows, bos_id)
@@ -140,7 +141,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
   resolved.model = model or settings.model
   (out / "config.json").write_text(resolved.to_json_best_effort(indent=2))
   # One baseline pass plus every point's pass per window, compile included.
-  info = {"eval_seconds": eval_seconds,
+  info = {"eval_data": data_description, "eval_seconds": eval_seconds,
           "eval_seconds_per_window": eval_seconds / windows.shape[0],
           "passes_per_window": 1 + len(points),
           "peak_rss_gib": peak_rss_gib(), "machine": machine_description()}

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -196,6 +197,15 @@ def test_command_line_run(env):
   assert metrics["preset"] == "baseline" and metrics["num_windows"] == 2
   assert "ppl_quant" not in metrics
   assert (workdir / "summary.md").is_file() and (workdir / "config.json").is_file()
+  # Quiet by default (log_setup): no orbax/jax INFO line (absl's "I<date>"
+  # prefix), kvq_jax's own phase lines bare, where the files went last.
+  assert not re.search(r"^I\d{4} ", result.stderr, re.M), result.stderr
+  assert re.search(r"^(Loaded|Caching) converted params ", result.stderr,
+                   re.M), result.stderr
+  for phase in ("tokenized: ", "decode benchmark: "):
+    assert phase in result.stderr, result.stderr
+  assert result.stdout.rstrip().endswith(
+      f"wrote {workdir}/: config.json, metrics.json, summary.md")
 
 
 def test_command_line_unknown_preset_lists_presets(env):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -64,3 +65,103 @@ def test_unknown_name(tmp_path, monkeypatch):
   monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path))
   with pytest.raises(ValueError, match="neither a registered name"):
     assets.load_params_cached("no-such-model")
+
+
+def _biggest_file(directory):
+  return max((p for p in directory.rglob("*") if p.is_file()),
+             key=lambda p: p.stat().st_size)
+
+
+def _truncate(path):
+  path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+def _flip_a_byte(path):
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [
+    lambda entry: _truncate(_biggest_file(entry / "params")),
+    lambda entry: _flip_a_byte(_biggest_file(entry / "params")),
+    lambda entry: _biggest_file(entry / "params").unlink(),
+    lambda entry: (entry / "tokenizer" / "tokenizer.json").unlink(),
+    lambda entry: (entry / "complete.json").write_text('{"files": '),
+], ids=["truncated", "byte_flipped", "file_deleted", "tokenizer_deleted",
+        "marker_truncated"])
+def test_damaged_entry_is_rebuilt_with_a_warning(tmp_path, monkeypatch, caplog,
+                                                 damage):
+  monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path / "cache"))
+  source = tmp_path / "tiny.gguf"
+  tc.write_gguf(source, tc.random_hf_weights(seed=9, tied=False))
+  calls = []
+  real = loaders.load_checkpoint
+  monkeypatch.setattr(loaders, "load_checkpoint",
+                      lambda p: calls.append(p) or real(p))
+  _, params, tok = assets.load_params_cached(source)
+  entry = param_cache.entry_dir(source)
+  damage(entry)
+
+  with caplog.at_level(logging.WARNING):
+    _, params2, tok2 = assets.load_params_cached(source)
+  assert len(calls) == 2  # Converted again.
+  warnings = [r.getMessage() for r in caplog.records
+              if r.levelno == logging.WARNING]
+  assert len(warnings) == 1
+  assert f"Param cache entry {entry} is unusable" in warnings[0]
+  assert f"converting {source} again" in warnings[0]
+  for key, value in param_layout.flatten(params).items():
+    np.testing.assert_array_equal(param_layout.flatten(params2)[key], value)
+  assert tok2.encode("hello world") == tok.encode("hello world")
+
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    assets.load_params_cached(source)  # The rebuilt entry is trusted.
+  assert len(calls) == 2 and not caplog.records
+  assert [p.name for p in entry.parent.iterdir()] == [entry.name]
+
+
+def test_entry_from_before_the_marker_is_adopted(tmp_path, monkeypatch,
+                                                 caplog):
+  """An intact entry written before complete.json existed is not rebuilt; a
+  damaged one is."""
+  monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path / "cache"))
+  source = tmp_path / "tiny.gguf"
+  tc.write_gguf(source, tc.random_hf_weights(seed=10, tied=False))
+  calls = []
+  real = loaders.load_checkpoint
+  monkeypatch.setattr(loaders, "load_checkpoint",
+                      lambda p: calls.append(p) or real(p))
+  _, params, _ = assets.load_params_cached(source)
+  entry = param_cache.entry_dir(source)
+  marker = (entry / "complete.json").read_text()
+  (entry / "complete.json").unlink()
+
+  with caplog.at_level(logging.WARNING):
+    _, params2, _ = assets.load_params_cached(source)
+  assert len(calls) == 1 and not caplog.records
+  np.testing.assert_array_equal(params2["embed"], params["embed"])
+  assert (entry / "complete.json").read_text() == marker
+
+  (entry / "complete.json").unlink()
+  _truncate(_biggest_file(entry / "params"))
+  with caplog.at_level(logging.WARNING):
+    assets.load_params_cached(source)
+  assert len(calls) == 2
+  assert any(f"{entry} is unusable (restoring it failed" in r.getMessage()
+             for r in caplog.records)
+
+
+def test_leftovers_of_killed_writers_are_swept(tmp_path, monkeypatch):
+  monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path / "cache"))
+  source = tmp_path / "tiny.gguf"
+  tc.write_gguf(source, tc.random_hf_weights(seed=12, tied=False))
+  entry = param_cache.entry_dir(source)
+  other = entry.with_name("other-0123")
+  for leftover in (entry.with_name(f".{entry.name}.tmp-dead"),
+                   entry.with_name(f".{entry.name}.trash-99"), other):
+    (leftover / "params").mkdir(parents=True)
+  assets.load_params_cached(source)
+  assert sorted(p.name for p in entry.parent.iterdir()) == sorted(
+      [entry.name, other.name])  # Another entry's folder is not touched.

@@ -69,7 +69,9 @@ def test_text_prompt_through_tokenizer(runtime):
     (dict(prompt_ids=[]), "prompt_ids"),
     (dict(prompt_ids="text"), "tokenizer"),
     (dict(max_new_tokens=-1), "max_new_tokens"),
-    (dict(temperature=-0.5), "temperature")])
+    (dict(temperature=-0.5), "temperature"),
+    (dict(capacity=5), r"capacity=5; allowed: an int >= prompt \+ "
+     "max_new_tokens = 6")])
 def test_rejects_bad_arguments(runtime, kwargs, field):
   args = dict(prompt_ids=PROMPT, max_new_tokens=2)
   args.update(kwargs)

@@ -1,15 +1,16 @@
 """Run as a script under 8 simulated CPU devices; prints one JSON line.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python \
-      tests/robustness/sharded_check.py MODEL_DIR EVAL_TEXT WORKDIR
+      tests/robustness/sharded_check.py
 
 Checks (consumed by test_sharding.py): sharded prefill + decode equals the
 unsharded run for dense and int4 caches on meshes 2x4 and 4x2, the cache
 leaves carry the expected PartitionSpecs; the evaluation forward
 (`sharded_window_prefill`) gives bit-identical logits and packed cache
 leaves for int8, int4_g32, kivi2 and kvq4 on meshes 2x3 (data and model
-axes) and 1x4 (3 KV heads: 4 does not divide them, so they replicate); and `experiments.run --mesh=2x4`
-reproduces the single-device metrics of the tiny HF model.
+axes) and 1x4 (3 KV heads: 4 does not divide them, so they replicate).
+`experiments.run --mesh` end to end is test_multiprocess.py's (a 2x2 mesh
+over 2 processes against the no-mesh run).
 """
 
 from __future__ import annotations
@@ -133,39 +134,10 @@ def eval_checks() -> dict:
   return out
 
 
-def runner_checks(model_dir: str, text: str, workdir: str) -> dict:
-  from absl import flags
-  from experiments import run as cli
-  from kvq_jax.experiment import runner
-  from tests.experiment.test_runner import small
-
-  common = [f"--model={model_dir}", f"--eval_data={text}",
-            "--config=int4_g32", "--config.eval.window_len=32",
-            "--config.eval.num_windows=3", "--config.eval.batch_size=2",
-            "--config.decode_bench.context=16",
-            "--config.decode_bench.batch_size=2",
-            "--config.decode_bench.steps=1"]
-  argv = ["run", *common, f"--workdir={workdir}/mesh", "--mesh=2x4"]
-  sys.argv = argv  # ml_collections reads --config.* overrides from sys.argv.
-  flags.FLAGS(argv)
-  cli.main(["run"])
-  sharded = json.loads(pathlib.Path(f"{workdir}/mesh/metrics.json").read_text())
-  config = small("int4_g32")
-  config.eval.num_windows, config.eval.batch_size = 3, 2
-  config.decode_bench.batch_size = 2
-  plain = runner.run(config, f"{workdir}/plain", eval_data=text,
-                     model=model_dir, name="int4_g32")
-  keys = ("ppl_baseline", "ppl_quant", "kl_mean", "top1_agreement")
-  return {"mesh": sharded.get("mesh"),
-          "sharded": {k: sharded[k] for k in keys},
-          "plain": {k: plain[k] for k in keys}}
-
-
 def main(argv):
+  del argv
   result = {"device_count": jax.device_count(), "models": model_checks(),
             "eval": eval_checks()}
-  if len(argv) == 4:
-    result["runner"] = runner_checks(*argv[1:])
   print("RESULT " + json.dumps(result))
 
 

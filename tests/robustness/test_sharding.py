@@ -5,8 +5,9 @@ sharded_check.py runs prefill + 3 decode steps of a tiny model (K = 4 KV
 heads) with dense and int4 caches on meshes 2x4 and 4x2 (tensor parallel:
 equal up to float reassociation), the evaluation forward with int8,
 int4_g32, kivi2 and kvq4 caches on meshes 2x3 and 1x4 (bit-exact),
-and `experiments.run --mesh=2x4` on the tiny HF model (K = 1: KV heads fall
-back to replication), printing one JSON line checked here.
+printing one JSON line checked here. `experiments.run --mesh` end to end
+(the tiny HF model, K = 1: KV heads fall back to replication) is
+test_multiprocess.py's: a 2x2 mesh over 2 processes against the no-mesh run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from kvq_jax.sharding.cache import _spec
-from tests.experiment import tiny_hf_model
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -29,14 +29,12 @@ HERE = pathlib.Path(__file__).resolve().parent
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
   root = tmp_path_factory.mktemp("sharding")
-  model = tiny_hf_model.write_tiny_model(root / "model")
-  text = tiny_hf_model.write_eval_text(root / "eval.txt")
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu", KVQ_JAX_CACHE=str(root / "cache"))
   proc = subprocess.run(
-      [sys.executable, str(HERE / "sharded_check.py"), str(model), str(text),
-       str(root / "runs")], env=env, capture_output=True, text=True,
-      timeout=600, check=False, cwd=HERE.parents[1])
+      [sys.executable, str(HERE / "sharded_check.py")], env=env,
+      capture_output=True, text=True, timeout=600, check=False,
+      cwd=HERE.parents[1])
   assert proc.returncode == 0, proc.stderr[-4000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
   assert line, proc.stdout[-2000:]
@@ -68,13 +66,6 @@ def test_sharded_evaluation_is_bit_identical(result, mesh, kind):
   assert r["logits_equal"]
   assert r["num_leaves"] >= 6 and all(r["leaves_equal"]), r["leaves_equal"]
   assert r["codes_nonzero"]
-
-
-def test_runner_mesh_flag_matches_single_device(result):
-  r = result["runner"]
-  assert r["mesh"] == "2x4"
-  for key, value in r["plain"].items():
-    assert r["sharded"][key] == value, key  # bit-identical evaluation.
 
 
 def test_partition_rule_falls_back_to_replication():

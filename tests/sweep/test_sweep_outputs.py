@@ -98,6 +98,24 @@ def test_llama_cpp_reference_is_relative_to_its_f16():
   assert reference.llama_cpp_delta_ppl(q4_0) == pytest.approx(4.227)
 
 
+def test_llama_cpp_reference_names_our_points_and_its_protocol():
+  assert reference.llama_cpp_point_for("q8_0/q4_0").name == "K q8_0 + V q4_0"
+  assert reference.llama_cpp_point_for("q4_0").ppl == 27.805
+  assert reference.llama_cpp_point_for("int4_g32") is None
+  wiki = "../shared/data/wikitext-2-raw/wiki.test.raw"
+  assert reference.matches_llama_cpp_protocol(
+      "smollm2-135m", wiki, 40, 512, "second_half")
+  # Not recorded (older sweeps): the model and windows decide.
+  assert reference.matches_llama_cpp_protocol(
+      "smollm2-135m", None, 40, 512, "second_half")
+  for other in (("qwen2.5-coder-0.5b", wiki, 40, 512, "second_half"),
+                ("smollm2-135m", "/d/wiki.train.raw", 40, 512, "second_half"),
+                ("smollm2-135m", wiki, 4, 512, "second_half"),
+                ("smollm2-135m", wiki, 40, 1024, "second_half"),
+                ("smollm2-135m", wiki, 40, 512, "all")):
+    assert not reference.matches_llama_cpp_protocol(*other), other
+
+
 def test_tiny_end_to_end_sweep(tmp_path, monkeypatch):
   monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path / "cache"))
   model = tiny_hf_model.write_tiny_model(tmp_path / "model")
@@ -130,4 +148,5 @@ def test_tiny_end_to_end_sweep(tmp_path, monkeypatch):
   assert png[:8] == PNG_MAGIC
   info = json.loads((tmp_path / "out" / "run_info.json").read_text())
   assert info["passes_per_window"] == 3 and info["eval_seconds_per_window"] > 0
+  assert info["eval_data"] == str(text)
   assert 0.05 < info["peak_rss_gib"] < 24 and "cpus" in info["machine"]
