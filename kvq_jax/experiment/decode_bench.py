@@ -22,7 +22,7 @@ import math
 import pathlib
 import statistics
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -162,13 +162,15 @@ def run(runtime: Runtime, kinds: Sequence[str], contexts: Sequence[int], *,
   return rows
 
 
-def fastest_full_precision(rows: Sequence[Row]) -> dict[tuple[int, int], Row]:
-  """(context, batch) -> the fastest dense (bf16 / float32) row there."""
+def fastest_full_precision(rows: Sequence, cost: Callable = lambda r:
+                           r.seconds_median) -> dict[tuple[int, int], Any]:
+  """(context, batch) -> the dense (bf16 / float32) row of least `cost`
+  there (default: median seconds per step)."""
   best = {}
   for r in rows:
     key = (r.context, r.batch)
-    if r.kind in FULL_PRECISION and (
-        key not in best or r.seconds_median < best[key].seconds_median):
+    if r.kind in FULL_PRECISION and (key not in best
+                                     or cost(r) < cost(best[key])):
       best[key] = r
   return best
 
@@ -201,10 +203,13 @@ def rows_json(rows: Sequence[Row]) -> list[dict]:
   return [dataclasses.asdict(r) for r in rows]
 
 
-def write_rows(path: str, model: str, rows: Sequence[Row]) -> pathlib.Path:
-  """`--json=FILE`: {"machine", "model", "rows"}; returns the path."""
+def write_rows(path: str, model: str, rows: Sequence,
+               to_json: Callable[[Sequence], list[dict]] = rows_json
+               ) -> pathlib.Path:
+  """`--json=FILE`: {"machine", "model", "rows": to_json(rows)}; returns the
+  path."""
   out = pathlib.Path(path)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps({"machine": machine_description(), "model": model,
-                             "rows": rows_json(rows)}, indent=1))
+                             "rows": to_json(rows)}, indent=1))
   return out
