@@ -8,7 +8,10 @@ r"""Fit a static-key preset's calibrated key ranges to the model's KL.
 Starts from the preset's range-mode key stats (cache.key_stats, written by
 `experiments.calibrate_keys --mode=range`), learns with Adam one log-ratio
 per layer (--granularity=channel: per layer, kv head and key channel)
-that stretches each range, minimising the next-token KL to the
+that stretches each range -- with --fit=codebook also each layer's 2^b
+static-key levels, with --fit=rotation each layer's orthogonal key
+rotation (stored and charged as float32 [K, H, H] per layer) --
+minimising the next-token KL to the
 full-precision cache on the last --num_calib_windows windows of the text
 (disjoint from the evaluation windows; asserted), and writes the fitted
 ranges as key stats to WORKDIR. Use them with
@@ -20,8 +23,9 @@ import json
 from absl import app
 from absl import flags
 
-from kvq_jax.calibration.kl_fit import GRANULARITIES, KLFitOptions
+from kvq_jax.calibration.kl_fit import GRANULARITIES, TARGETS, KLFitOptions
 from kvq_jax.calibration.kl_fit_runner import fit_keys
+from kvq_jax.experiment import log_setup
 from kvq_jax.experiment.config_flag import DEFINE_preset_config
 from kvq_jax.experiment.data_flags import DEFINE_data_flags
 
@@ -35,9 +39,14 @@ _STEPS = flags.DEFINE_integer("steps", 32, "Adam steps (one window each)")
 _LR = flags.DEFINE_float("learning_rate", 0.01, "Adam learning rate")
 _GRANULARITY = flags.DEFINE_enum("granularity", "layer", list(GRANULARITIES),
                                  "one log-ratio per channel or per layer")
+_FIT = flags.DEFINE_multi_enum(
+    "fit", ["range"], list(TARGETS), "what is learned (repeat or comma "
+    "list): range (log-ratios), codebook (per-layer static-key levels), "
+    "rotation (per-layer, per-kv-head orthogonal R)")
 
 
 def main(argv):
+  log_setup.configure_from_flags()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   summary = fit_keys(
@@ -45,7 +54,8 @@ def main(argv):
       model=_MODEL.value, num_calib_windows=_NUM_CALIB.value,
       options=KLFitOptions(steps=_STEPS.value,
                            learning_rate=_LR.value,
-                           granularity=_GRANULARITY.value))
+                           granularity=_GRANULARITY.value,
+                           fit=tuple(_FIT.value)))
   print(json.dumps({k: v for k, v in summary.items() if k != "losses"},
                    indent=1))
 

@@ -129,20 +129,29 @@ class KeyAffine:
            np.asarray(self.scale, np.float32)]
     return out + ([self.rotation_array()] if self.rotation else [])
 
-  def normalize(self, k_BxKxTxH: jax.Array) -> jax.Array:
-    """R (k - mu) / s, float32, for heads-major keys."""
+  def _rotation(self, rotation_KxHxH):
+    return (self.rotation_array() if rotation_KxHxH is None
+            else rotation_KxHxH)
+
+  def normalize(self, k_BxKxTxH: jax.Array,
+                rotation_KxHxH: jax.Array | None = None) -> jax.Array:
+    """R (k - mu) / s, float32, for heads-major keys; `rotation_KxHxH`
+    replaces the stored R (the KL fit's rotation being learned)."""
     shift, scale = (jnp.asarray(a)[:, None, :] for a in self.arrays()[:2])
     x = k_BxKxTxH.astype(jnp.float32) - shift
-    if self.rotation:
-      x = jnp.einsum("kch,bkth->bktc", self.rotation_array(), x,
+    rotation = self._rotation(rotation_KxHxH)
+    if rotation is not None:
+      x = jnp.einsum("kch,bkth->bktc", rotation, x,
                      precision=jax.lax.Precision.HIGHEST)
     return x / scale
 
-  def denormalize(self, k_BxKxTxH: jax.Array) -> jax.Array:
+  def denormalize(self, k_BxKxTxH: jax.Array,
+                  rotation_KxHxH: jax.Array | None = None) -> jax.Array:
     """R^T (k * s) + mu: the inverse of `normalize`."""
     shift, scale = (jnp.asarray(a)[:, None, :] for a in self.arrays()[:2])
     x = k_BxKxTxH.astype(jnp.float32) * scale
-    if self.rotation:
-      x = jnp.einsum("kch,bktc->bkth", self.rotation_array(), x,
+    rotation = self._rotation(rotation_KxHxH)
+    if rotation is not None:
+      x = jnp.einsum("kch,bktc->bkth", rotation, x,
                      precision=jax.lax.Precision.HIGHEST)
     return x + shift

@@ -1,4 +1,5 @@
-"""KL-objective calibration of static-key ranges, end to end with optax.
+"""KL-objective calibration of static keys (ranges, codebooks, rotations),
+end to end with optax.
 
 Issue 14's method 5. For a cache of static keys (scheme='static': codes in a
 calibrated per-channel range, `KeyAffine` mode "range"), learn one log-ratio
@@ -22,12 +23,26 @@ inside the range [-1, 1] and for kept outliers, zero for clipped values;
 LSQ's): the gradient of a reconstructed key s * exp(theta) * q(z) with
 respect to exp(theta) is s (q(z) - z) inside the range and s q(z) for a
 clipped one, so the fit trades clipping against rounding error where the
-model's output says it matters. Values, whose format is not fitted, pass their rounding
-the same way so that gradients reach earlier layers through them.
+model's output says it matters. Values, whose format is not fitted, pass
+their rounding the same way so that gradients reach earlier layers through
+them.
 
-The fitted ranges are written as ordinary range-mode key stats (scale s *
-exp(theta); `key_stats_store`), so any preset loads them with
-`cache.key_stats=DIR` and the cache itself is unchanged.
+Two more things can be learned with the ranges, or instead of them
+(`KLFitOptions.fit`):
+
+* "codebook": each layer's 2^b static-key levels c (starting from the
+  stats' codebook or the uniform levels): a key rounds to its nearest level
+  and reads back c[u], so d(read-back)/dc flows through the gather
+  (`straight_through.static_codebook_round_trip`); the levels are kept
+  sorted after every step.
+* "rotation": per layer and kv head an orthogonal R = skew_exp(A) R0 (R0 the
+  stats' rotation or the identity, A = 0 at the start), the stored key
+  being R (k - mu) / s as in `KeyAffine`; R is written to the stats and
+  charged as float32 [K, H, H] per layer like a calibrated rotation.
+
+The result is written as ordinary range-mode key stats (scale s *
+exp(theta), codebooks, rotation; `key_stats_store`), so any preset loads
+it with `cache.key_stats=DIR` and the cache itself is unchanged.
 """
 
 from __future__ import annotations
@@ -45,23 +60,33 @@ from kvq_jax.cache import init_layer_caches
 from kvq_jax.cache.dense import write_and_attend
 from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import LayerSpec
+from kvq_jax.calibration.straight_through import (skew_exp,
+                                                  static_codebook_round_trip,
+                                                  straight_through,
+                                                  uniform_levels)
 from kvq_jax.eval.token_metrics import kl_divergence
 from kvq_jax.models.decoder import Decoder
 from kvq_jax.models.rope import Rope
 from kvq_jax.research import fake_quant
 
 GRANULARITIES = ("channel", "layer")
+TARGETS = ("range", "codebook", "rotation")
 
 
 @dataclasses.dataclass(frozen=True)
 class KLFitOptions:
   """steps: Adam steps, one calibration window each (cycling);
-  learning_rate: Adam's, on theta; granularity: "channel" (theta per layer,
-  kv head and channel) or "layer" (one theta per layer)."""
+  learning_rate: Adam's, on every fitted parameter; granularity: "channel"
+  (theta per layer, kv head and channel) or "layer" (one theta per layer);
+  fit: what is learned, any of "range" (the log-ratios theta), "codebook"
+  (each layer's 2^b static-key levels) and "rotation" (each layer's and kv
+  head's orthogonal R, `straight_through.skew_exp` on top of the stats' own
+  R or the identity)."""
 
   steps: int = 32
   learning_rate: float = 0.01
   granularity: str = "layer"
+  fit: tuple[str, ...] = ("range",)
 
   def __post_init__(self):
     if isinstance(self.steps, bool) or not isinstance(self.steps, int) or (
@@ -75,6 +100,12 @@ class KLFitOptions:
       raise ValueError(
           f"KLFitOptions.granularity={self.granularity!r}: allowed: "
           f"{', '.join(GRANULARITIES)}.")
+    fit = tuple(self.fit)
+    if not fit or any(t not in TARGETS for t in fit) or len(set(fit)) != len(
+        fit):
+      raise ValueError(f"KLFitOptions.fit={self.fit!r}: allowed: a non-empty "
+                       f"set of {', '.join(TARGETS)}.")
+    object.__setattr__(self, "fit", tuple(t for t in TARGETS if t in fit))
 
 
 def check_fittable(layer: LayerSpec, where: str) -> None:
@@ -90,29 +121,27 @@ def check_fittable(layer: LayerSpec, where: str) -> None:
         "stats (experiments.calibrate_keys --mode=range), e.g. --config=kq4.")
 
 
-def straight_through(x: jax.Array, fn: Callable[[jax.Array], jax.Array],
-                     bound: float | None = None) -> jax.Array:
-  """fn(x) forward; backward the identity (fn itself is never
-  differentiated), except, with `bound`, where |x| > bound and fn did not
-  keep x exactly (a value clipped to the range, not an outlier): there the
-  gradient is 0, as the clipped output does not move with x (LSQ)."""
-  stopped = jax.lax.stop_gradient(x)
-  out = jax.lax.stop_gradient(fn(stopped))
-  if bound is None:
-    return out + (x - stopped)
-  passes = (jnp.abs(stopped) <= bound) | (out == stopped)
-  return out + jnp.where(passes, x - stopped, 0.0)
+def start_levels(layer: LayerSpec) -> np.ndarray:
+  """The static keys' levels the codebook fit starts from: the stats'
+  codebook when the layer has one, else the uniform levels."""
+  if layer.k.levels:
+    return np.asarray(layer.k.levels, np.float32)
+  return np.asarray(uniform_levels(layer.k))
 
 
 @struct.dataclass
 class FitLayerCache:
   """Post-RoPE K/V [B, S, K, H] in float32, written through the layer's
-  formats with the key range stretched by exp(theta_KxH)."""
+  formats with the key range stretched by exp(theta_KxH), the static keys
+  rounded to `levels_C` and rotated by `rotation_KxHxH` where given (else
+  the layer's own)."""
 
   k_BxSxKxH: jax.Array
   v_BxSxKxH: jax.Array
   length_B: jax.Array
   theta_KxH: jax.Array
+  levels_C: jax.Array | None
+  rotation_KxHxH: jax.Array | None
   capacity: int = struct.field(pytree_node=False)
   layer: LayerSpec = struct.field(pytree_node=False)
   dtype: str = struct.field(pytree_node=False)
@@ -121,12 +150,14 @@ class FitLayerCache:
   @classmethod
   def create(cls, layer: LayerSpec, batch_size: int, capacity: int,
              theta_KxH: jax.Array, head_dim: int, dtype: str = "float32",
-             sliding_window: int | None = None) -> FitLayerCache:
+             sliding_window: int | None = None, levels_C=None,
+             rotation_KxHxH=None) -> FitLayerCache:
     shape = (batch_size, capacity, theta_KxH.shape[0], head_dim)
     return cls(k_BxSxKxH=jnp.zeros(shape, jnp.float32),
                v_BxSxKxH=jnp.zeros(shape, jnp.float32),
                length_B=jnp.zeros((batch_size,), jnp.int32),
-               theta_KxH=theta_KxH, capacity=capacity, layer=layer,
+               theta_KxH=theta_KxH, levels_C=levels_C,
+               rotation_KxHxH=rotation_KxHxH, capacity=capacity, layer=layer,
                dtype=dtype, sliding_window=sliding_window)
 
   def _sinks(self, written_BxTxKxH, sink_BxTxKxH, positions_BxT, axis=1):
@@ -141,16 +172,20 @@ class FitLayerCache:
   def _keys(self, k_BxTxKxH, positions_BxT, rope: Rope):
     """Normalised by the stretched range, quantized (sinks: cast to the
     window dtype, as the cache stores them), back, then RoPE."""
-    layer = self.layer
+    layer, rotation = self.layer, self.rotation_KxHxH
     ratio_Kx1xH = jnp.exp(self.theta_KxH)[:, None, :]
     z_BxKxTxH = layer.key_affine.normalize(
-        jnp.swapaxes(k_BxTxKxH, 1, 2)) / ratio_Kx1xH
-    written = straight_through(z_BxKxTxH, lambda z: fake_quant.round_trip(
-        z, layer.k, self.dtype, False), bound=1.0)
+        jnp.swapaxes(k_BxTxKxH, 1, 2), rotation) / ratio_Kx1xH
+    if self.levels_C is None:
+      written = straight_through(z_BxKxTxH, lambda z: fake_quant.round_trip(
+          z, layer.k, self.dtype, False), bound=1.0)
+    else:
+      written = static_codebook_round_trip(z_BxKxTxH, self.levels_C, layer.k,
+                                           self.dtype)
     sink = fake_quant.round_trip(z_BxKxTxH, None, self.dtype, False,
                                  window_dtype=layer.window_dtype)
     z_BxKxTxH = self._sinks(written, sink, positions_BxT, axis=2)
-    k_hat = layer.key_affine.denormalize(z_BxKxTxH * ratio_Kx1xH)
+    k_hat = layer.key_affine.denormalize(z_BxKxTxH * ratio_Kx1xH, rotation)
     return rope(jnp.swapaxes(k_hat, 1, 2), positions_BxT)
 
   def _values(self, v_BxTxKxH, positions_BxT):
@@ -178,9 +213,29 @@ def scored_kl(logits_BxTxV: jax.Array, base_logp_BxPxV: jax.Array,
   return jnp.mean(kl_divergence(base_logp_BxPxV, logp))
 
 
+def initial_params(config, options: KLFitOptions,
+                   layers: Sequence[LayerSpec]) -> dict:
+  """The fit's starting point (the stats as calibrated): theta 0
+  ([L, K, H] or [L, 1, 1]), with "codebook" the start levels per layer,
+  with "rotation" A = 0 per layer ([L, K, H, H])."""
+  shape = ((config.num_layers, config.num_kv_heads, config.head_dim)
+           if options.granularity == "channel" else (config.num_layers, 1, 1))
+  params = {"theta": jnp.zeros(shape, jnp.float32)}
+  if "codebook" in options.fit:
+    params["levels"] = tuple(jnp.asarray(start_levels(layer))
+                             for layer in layers)
+  if "rotation" in options.fit:
+    params["skew"] = jnp.zeros((config.num_layers, config.num_kv_heads,
+                                config.head_dim, config.head_dim),
+                               jnp.float32)
+  return params
+
+
 class KLFit:
-  """`KLFit(decoder, layers, first_scored)`: loss and gradient of the
-  scored KL with respect to theta [L, K, H] (or [L, 1, 1]), jitted once."""
+  """`KLFit(decoder, layers, first_scored)`: logits, loss and gradient of
+  the scored KL with respect to the fit's parameters (`initial_params`: a
+  dict with "theta" [L, K, H] or [L, 1, 1] and optionally "levels" (one
+  [2^b] array per layer) and "skew" [L, K, H, H]), jitted once per set."""
 
   def __init__(self, decoder: Decoder, layers: Sequence[LayerSpec],
                first_scored: int, dtype: str = "float32"):
@@ -190,40 +245,66 @@ class KLFit:
                        f"num_layers={config.num_layers}.")
     for i, layer in enumerate(layers):
       check_fittable(layer, f"CacheSpec (layer {i})")
-    self.config = config
+    self.config, self.layers = config, tuple(layers)
     graphdef, self._state = nnx.split(decoder)
 
-    def logits(theta_LxKxH, state, tokens_BxT):
+    def logits(params, state, tokens_BxT):
       model = nnx.merge(graphdef, state)
       b, t = tokens_BxT.shape
-      theta = jnp.broadcast_to(theta_LxKxH, (config.num_layers,
-                                             config.num_kv_heads,
-                                             config.head_dim))
+      theta = jnp.broadcast_to(params["theta"], (config.num_layers,
+                                                 config.num_kv_heads,
+                                                 config.head_dim))
+      levels = params.get("levels")
+      rotations = self.rotations(params)
       caches = init_layer_caches(config, lambda i: FitLayerCache.create(
           layers[i], b, t, theta[i], config.head_dim, dtype,
-          config.layer_window(i)))
+          config.layer_window(i),
+          levels_C=None if levels is None else levels[i],
+          rotation_KxHxH=None if rotations is None else rotations[i]))
       positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32),
                                        (b, t))
       return model(tokens_BxT, positions_BxT, caches)[0]
 
-    def loss(theta_LxKxH, state, tokens_BxT, base_logp_BxPxV):
-      return scored_kl(logits(theta_LxKxH, state, tokens_BxT),
+    def loss(params, state, tokens_BxT, base_logp_BxPxV):
+      return scored_kl(logits(params, state, tokens_BxT),
                        base_logp_BxPxV, first_scored)
 
     self._logits = jax.jit(logits)
     self._loss = jax.jit(loss)
     self._grad = jax.jit(jax.value_and_grad(loss))
 
-  def logits(self, theta, tokens_BxT) -> jax.Array:
-    """float32 logits [B, T, V] of fresh windows through the fitted cache."""
-    return self._logits(jnp.asarray(theta, jnp.float32), self._state,
+  def rotations(self, params) -> list | None:
+    """Per layer the rotation the fit applies, skew_exp(A) R0 (R0 the
+    layer's own or the identity); None without "skew"."""
+    if "skew" not in params:
+      return None
+    out = []
+    for layer, skew in zip(self.layers, params["skew"]):
+      own = layer.key_affine.rotation_array()
+      turn = skew_exp(skew)
+      out.append(turn if own is None else jnp.einsum(
+          "kab,kbc->kac", turn, own, precision=jax.lax.Precision.HIGHEST))
+    return out
+
+  @staticmethod
+  def _params(params) -> dict:
+    if not isinstance(params, dict):  # a bare theta
+      params = {"theta": params}
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+
+  def logits(self, params, tokens_BxT) -> jax.Array:
+    """float32 logits [B, T, V] of fresh windows through the fitted cache
+    (`params`: the dict, or theta alone)."""
+    return self._logits(self._params(params), self._state,
                         jnp.asarray(tokens_BxT, jnp.int32))
 
-  def loss(self, theta, tokens_BxT, base_logp_BxPxV) -> float:
-    return float(self._loss(theta, self._state, tokens_BxT, base_logp_BxPxV))
+  def loss(self, params, tokens_BxT, base_logp_BxPxV) -> float:
+    return float(self._loss(self._params(params), self._state, tokens_BxT,
+                            base_logp_BxPxV))
 
-  def value_and_grad(self, theta, tokens_BxT, base_logp_BxPxV):
-    return self._grad(theta, self._state, tokens_BxT, base_logp_BxPxV)
+  def value_and_grad(self, params, tokens_BxT, base_logp_BxPxV):
+    return self._grad(self._params(params), self._state, tokens_BxT,
+                      base_logp_BxPxV)
 
 
 def base_log_probs(logits_BxTxV, first: int) -> np.ndarray:
@@ -236,63 +317,89 @@ def base_log_probs(logits_BxTxV, first: int) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class FitResult:
   """theta_LxKxH: the kept log-ratios (zeros where the fit did not beat
-  the calibrated ranges); kl_before / kl_after: mean KL over all
-  calibration windows at theta = 0 and at the fitted theta; losses: the
-  per-step training KL; kept: whether the fitted theta was kept."""
+  the calibrated stats); levels: the kept per-layer static-key levels
+  (None: the stats' own); rotation_LxKxHxH: the kept per-layer rotations
+  (None: the stats' own); kl_before / kl_after: mean KL over all
+  calibration windows at the start and at the fitted parameters; losses:
+  the per-step training KL; kept: whether the fit was kept."""
 
   theta_LxKxH: np.ndarray
   kl_before: float
   kl_after: float
   losses: tuple[float, ...]
   kept: bool
+  levels: tuple[np.ndarray, ...] | None = None
+  rotation_LxKxHxH: np.ndarray | None = None
 
 
-def fit_theta(fit: KLFit, tokens_WxT: np.ndarray, base_logp_WxPxV,
-              options: KLFitOptions = KLFitOptions(),
-              progress: Callable[[int, float], None] | None = None
-              ) -> FitResult:
-  """Adam on theta, one window per step (cycling over the W windows);
-  keeps the result only if its mean KL over all W windows is lower than at
-  theta = 0."""
+def fit_params(fit: KLFit, tokens_WxT: np.ndarray, base_logp_WxPxV,
+               options: KLFitOptions = KLFitOptions(),
+               progress: Callable[[int, float], None] | None = None
+               ) -> FitResult:
+  """Adam on what `options.fit` names, one window per step (cycling over
+  the W windows; levels re-sorted after each step); keeps the result only
+  if its mean KL over all W windows is lower than at the start."""
   config = fit.config
-  shape = ((config.num_layers, config.num_kv_heads, config.head_dim)
-           if options.granularity == "channel" else (config.num_layers, 1, 1))
-  theta = jnp.zeros(shape, jnp.float32)
+  params = initial_params(config, options, fit.layers)
+  fitted = {"theta"} if "range" in options.fit else set()
+  fitted |= set(params) - {"theta"}
 
-  def mean_kl(theta):
-    return float(np.mean([fit.loss(theta, tokens_WxT[w:w + 1],
+  def mean_kl(params):
+    return float(np.mean([fit.loss(params, tokens_WxT[w:w + 1],
                                    base_logp_WxPxV[w:w + 1])
                           for w in range(len(tokens_WxT))]))
 
-  kl_before = mean_kl(theta)
-  optimizer = optax.adam(options.learning_rate)
-  state = optimizer.init(theta)
+  kl_before = mean_kl(params)
+  optimizer = optax.multi_transform(
+      {"fit": optax.adam(options.learning_rate),
+       "fixed": optax.set_to_zero()},
+      {k: jax.tree.map(lambda _, k=k: "fit" if k in fitted else "fixed", v)
+       for k, v in params.items()})
+  state = optimizer.init(params)
   losses = []
   for step in range(options.steps):
     w = step % len(tokens_WxT)
-    value, grad = fit.value_and_grad(theta, tokens_WxT[w:w + 1],
+    value, grad = fit.value_and_grad(params, tokens_WxT[w:w + 1],
                                      base_logp_WxPxV[w:w + 1])
-    updates, state = optimizer.update(grad, state, theta)
-    theta = optax.apply_updates(theta, updates)
+    updates, state = optimizer.update(grad, state, params)
+    params = optax.apply_updates(params, updates)
+    if "levels" in params:
+      params["levels"] = tuple(jnp.sort(c) for c in params["levels"])
     losses.append(float(value))
     if progress is not None:
       progress(step, float(value))
-  kl_after = mean_kl(theta)
+  kl_after = mean_kl(params)
   kept = kl_after < kl_before
-  full = np.broadcast_to(np.asarray(theta), (
+  theta = np.broadcast_to(np.asarray(params["theta"]), (
       config.num_layers, config.num_kv_heads, config.head_dim))
-  return FitResult(theta_LxKxH=full if kept else np.zeros_like(full),
+  levels = rotations = None
+  if kept and "levels" in params:
+    levels = tuple(np.asarray(c) for c in params["levels"])
+  if kept and "skew" in params:
+    rotations = np.stack([np.asarray(r) for r in fit.rotations(params)])
+  return FitResult(theta_LxKxH=theta if kept else np.zeros_like(theta),
                    kl_before=kl_before, kl_after=kl_after,
-                   losses=tuple(losses), kept=kept)
+                   losses=tuple(losses), kept=kept, levels=levels,
+                   rotation_LxKxHxH=rotations)
 
 
-def fitted_affines(affines: Sequence[KeyAffine], theta_LxKxH: np.ndarray
+def fitted_affines(affines: Sequence[KeyAffine], theta_LxKxH: np.ndarray,
+                   layers: Sequence[LayerSpec] | None = None,
+                   levels: Sequence[np.ndarray] | None = None,
+                   rotation_LxKxHxH: np.ndarray | None = None
                    ) -> tuple[KeyAffine, ...]:
-  """The range-mode affines with scale s * exp(theta) (shift, codebooks and
-  rotation unchanged)."""
-  return tuple(
-      KeyAffine.from_arrays(a.arrays()[0],
-                            a.arrays()[1] * np.exp(np.asarray(t, np.float32)),
-                            mode=a.mode, codebooks=a.codebooks,
-                            rotation_KxHxH=a.rotation_array())
-      for a, t in zip(affines, theta_LxKxH))
+  """The range-mode affines with scale s * exp(theta); with `levels` (and
+  the `layers` whose static-key bits they are for) those as codebooks;
+  with `rotation_LxKxHxH` those as rotations (else each affine's own
+  codebooks and rotation)."""
+  out = []
+  for i, (a, t) in enumerate(zip(affines, theta_LxKxH)):
+    books = a.codebooks
+    if levels is not None:
+      books = {**dict(books), layers[i].k.bits: np.asarray(levels[i])}
+    rotation = (a.rotation_array() if rotation_LxKxHxH is None
+                else rotation_LxKxHxH[i])
+    out.append(KeyAffine.from_arrays(
+        a.arrays()[0], a.arrays()[1] * np.exp(np.asarray(t, np.float32)),
+        mode=a.mode, codebooks=books, rotation_KxHxH=rotation))
+  return tuple(out)

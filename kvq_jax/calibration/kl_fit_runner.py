@@ -1,4 +1,5 @@
-"""`experiments.fit_keys`' library call: static-key ranges fitted to the
+"""`experiments.fit_keys`' library call: static-key ranges, codebooks and
+rotations fitted to the
 model's KL (`kl_fit`), saved as key stats a preset loads.
 
 1. The preset's cache (with its calibrated range-mode key stats loaded) and
@@ -6,10 +7,11 @@ model's KL (`kl_fit`), saved as key stats a preset loads.
    from the evaluation windows; `key_runner.calibration_inputs`).
 2. The full-precision cache's log-probabilities at the scored predictions
    of every calibration window.
-3. `kl_fit.fit_theta`: Adam on the log-ratios of the key ranges; the fitted
-   ranges are kept only if they lower the mean KL over the calibration
-   windows.
-4. Save the stretched affines to WORKDIR (`key_stats_store`; the sidecar
+3. `kl_fit.fit_params`: Adam on what `options.fit` names (the log-ratios
+   of the key ranges, each layer's static-key codebook, each layer's
+   rotation); the fit is kept only if it lowers the mean KL over the
+   calibration windows.
+4. Save the fitted affines to WORKDIR (`key_stats_store`; the sidecar
    records the starting stats, the options and the KL before and after).
 """
 
@@ -23,7 +25,7 @@ import numpy as np
 from kvq_jax.calibration.key_runner import calibration_inputs
 from kvq_jax.calibration.key_stats_store import save_key_stats
 from kvq_jax.calibration.kl_fit import (KLFit, KLFitOptions, base_log_probs,
-                                        fit_theta, fitted_affines)
+                                        fit_params, fitted_affines)
 from kvq_jax.eval.windows import scored_mask
 from kvq_jax.facade import window_forward
 
@@ -51,9 +53,10 @@ def fit_keys(config: ml_collections.ConfigDict, workdir: str,
                               for w in range(len(tokens))])
   layers = [spec.layer(i) for i in range(lm.config.num_layers)]
   fit = KLFit(lm.decoder, layers, first, settings.cache_dtype)
-  result = fit_theta(fit, tokens, base_logp, options, progress=lambda s, v:
-                     log(f"fit_keys: step {s + 1}/{options.steps} KL {v:.5f}"))
-  affines = fitted_affines(spec.key_affines, result.theta_LxKxH)
+  result = fit_params(fit, tokens, base_logp, options, progress=lambda s, v:
+                      log(f"fit_keys: step {s + 1}/{options.steps} KL {v:.5f}"))
+  affines = fitted_affines(spec.key_affines, result.theta_LxKxH, layers,
+                           result.levels, result.rotation_LxKxHxH)
   theta = result.theta_LxKxH
   metadata = {
       "model": inputs.model_name, "data": inputs.source,
@@ -64,7 +67,7 @@ def fit_keys(config: ml_collections.ConfigDict, workdir: str,
       "num_calib_windows": num_calib_windows,
       "scoring": settings.eval.scoring,
       "steps": options.steps, "learning_rate": options.learning_rate,
-      "granularity": options.granularity,
+      "granularity": options.granularity, "fit": list(options.fit),
       "kl_before": result.kl_before, "kl_after": result.kl_after,
       "kept": result.kept, "losses": [round(v, 6) for v in result.losses],
       "ratio_min": float(np.exp(theta.min())),

@@ -265,7 +265,7 @@ def _static_values(codes_u8: jax.Array, spec: QuantSpec) -> jax.Array:
       spec.clip_ratio)
 
 
-def _split_outliers(x: jax.Array, spec: QuantSpec):
+def split_outliers(x: jax.Array, spec: QuantSpec):
   """(x with its outliers replaced by 0, values, uint8 indices) (module
   docstring)."""
   x32 = x.astype(_F32)
@@ -359,7 +359,7 @@ def quantize(x: jax.Array, spec: QuantSpec) -> QuantizedArray:
   spec.validate_shape(shape)
   outlier_value = outlier_index = None
   if spec.outliers:
-    x, outlier_value, outlier_index = _split_outliers(x, spec)
+    x, outlier_value, outlier_index = split_outliers(x, spec)
   grouping = _grouping(shape, spec)
   xg = x.astype(_F32)
   if grouping is not None:

@@ -15,8 +15,9 @@ from kvq_jax.calibration.key_runner import calibrate_keys
 from kvq_jax.calibration.key_stats import KeyStatsOptions, key_affines
 from kvq_jax.calibration.key_stats_store import load_key_stats, save_key_stats
 from kvq_jax.calibration.kl_fit import (KLFit, KLFitOptions, base_log_probs,
-                                        check_fittable, fit_theta,
-                                        fitted_affines, scored_kl)
+                                        check_fittable, fit_params,
+                                        fitted_affines, initial_params,
+                                        scored_kl)
 from kvq_jax.calibration.kl_fit_runner import fit_keys
 from kvq_jax.calibration.recording import record_qkv
 from kvq_jax.facade import LoadedModel, window_forward
@@ -80,6 +81,79 @@ def test_fit_cache_is_the_real_cache_at_any_theta():
   assert np.abs(want - np.asarray(fit.logits(zero, ids))).max() > 1e-3
 
 
+def moved_params(seed, fit=("range", "codebook", "rotation")):
+  """Parameters away from the start: theta, sorted jittered levels and a
+  rotation of a few degrees per head."""
+  rng = np.random.default_rng(seed)
+  layers = [spec(calibrated()).layer(i) for i in range(TINY.num_layers)]
+  params = initial_params(TINY, KLFitOptions(granularity="channel",
+                                             fit=fit), layers)
+  params["theta"] = rng.uniform(-0.4, 0.4, params["theta"].shape)
+  if "levels" in params:
+    params["levels"] = tuple(np.sort(np.asarray(c) + rng.normal(
+        0, 0.05, c.shape)) for c in params["levels"])
+  if "skew" in params:
+    params["skew"] = rng.normal(0, 0.1, params["skew"].shape)
+  return layers, params
+
+
+def test_fit_cache_is_the_real_cache_with_fitted_codebooks_and_rotations():
+  """The start (uniform levels, A = 0) is the preset's cache; random
+  levels, rotations and ratios are the cache built from the affines they
+  write (codebooks and R stored in the stats)."""
+  ids = tokens(2, 6)
+  fit = kl_fit(calibrated())
+  layers, params = moved_params(0)
+  start = initial_params(TINY, KLFitOptions(fit=("codebook", "rotation")),
+                         layers)
+  want = window_forward(model(), spec(calibrated()), "float32")(ids)
+  np.testing.assert_allclose(fit.logits(start, ids), want, atol=1e-4, rtol=0)
+  rotations = np.stack([np.asarray(r) for r in fit.rotations(
+      fit._params(params))])
+  written = fitted_affines(calibrated(), params["theta"], layers,
+                           params["levels"], rotations)
+  for a, c, r in zip(written, params["levels"], rotations):
+    np.testing.assert_array_equal(a.levels(INT3_ST.bits),
+                                  np.asarray(c, np.float32))
+    np.testing.assert_array_equal(a.rotation_array(), r)
+  want = np.asarray(window_forward(model(), spec(written), "float32")(ids))
+  np.testing.assert_allclose(fit.logits(params, ids), want, atol=1e-4,
+                             rtol=0)
+  assert np.abs(want - np.asarray(fit.logits(start, ids))).max() > 1e-3
+
+
+def test_codebook_and_rotation_gradients_are_nonzero_everywhere():
+  ids = tokens(1, 7)
+  base = base_log_probs(window_forward(model(), None, "float32")(ids), FIRST)
+  _, params = moved_params(1)
+  _, grad = kl_fit(calibrated()).value_and_grad(params, ids, base)
+  for layer in range(TINY.num_layers):
+    assert np.abs(np.asarray(grad["levels"][layer])).max() > 0
+    assert np.abs(np.asarray(grad["skew"][layer])).max() > 0
+
+
+def test_codebook_and_rotation_fit_lowers_the_kl_and_round_trips(tmp_path):
+  """Ranges left alone (theta stays 0), codebooks and rotations learned:
+  the KL on the fit's windows drops and the stats save and load."""
+  ids = tokens(2, 8)
+  base = base_log_probs(window_forward(model(), None, "float32")(ids), FIRST)
+  fit = kl_fit(calibrated())
+  result = fit_params(fit, ids, base, KLFitOptions(
+      steps=4, learning_rate=0.02, fit=("codebook", "rotation")))
+  assert result.kept and result.kl_after < result.kl_before
+  assert not result.theta_LxKxH.any()
+  gram = np.einsum("lkab,lkcb->lkac", result.rotation_LxKxHxH,
+                   result.rotation_LxKxHxH)
+  np.testing.assert_allclose(gram, np.broadcast_to(
+      np.eye(TINY.head_dim), gram.shape), atol=1e-5)
+  assert all(np.all(np.diff(c) > 0) for c in result.levels)
+  layers = [spec(calibrated()).layer(i) for i in range(TINY.num_layers)]
+  written = fitted_affines(calibrated(), result.theta_LxKxH, layers,
+                           result.levels, result.rotation_LxKxHxH)
+  save_key_stats(tmp_path, written, {"test": True})
+  assert load_key_stats(tmp_path) == written
+
+
 def test_scored_kl_hand_case():
   """Two vocab entries; base (0.5, 0.5) against model (0.8, 0.2) at the one
   scored prediction: KL = 0.5 ln(0.5/0.8) + 0.5 ln(0.5/0.2)."""
@@ -98,7 +172,7 @@ def test_gradient_reaches_every_layer_through_the_rounding():
   value, grad = fit.value_and_grad(
       jnp.zeros((TINY.num_layers, TINY.num_kv_heads, TINY.head_dim)), ids,
       base)
-  grad = np.asarray(grad)
+  grad = np.asarray(grad["theta"])
   assert float(value) > 0 and np.all(np.isfinite(grad))
   for layer in range(TINY.num_layers):
     assert np.abs(grad[layer]).max() > 0
@@ -113,7 +187,7 @@ def test_fit_repairs_ranges_that_clip_too_hard(granularity):
                                          "range") for a in calibrated())
   ids = tokens(2, 3)
   base = base_log_probs(window_forward(model(), None, "float32")(ids), FIRST)
-  result = fit_theta(kl_fit(squeezed, k=INT4_ST), ids, base, KLFitOptions(
+  result = fit_params(kl_fit(squeezed, k=INT4_ST), ids, base, KLFitOptions(
       steps=24, learning_rate=0.1, granularity=granularity))
   assert result.kept and result.kl_after < 0.6 * result.kl_before
   assert len(result.losses) == 24 and result.theta_LxKxH.mean() > 0.2
@@ -127,7 +201,7 @@ def test_fit_keeps_the_calibrated_ranges_when_it_cannot_improve():
   theta comes back as zeros."""
   ids = tokens(1, 4)
   base = base_log_probs(window_forward(model(), None, "float32")(ids), FIRST)
-  result = fit_theta(kl_fit(calibrated()), ids, base, KLFitOptions(
+  result = fit_params(kl_fit(calibrated()), ids, base, KLFitOptions(
       steps=1, learning_rate=4.0))
   assert not result.kept and result.kl_after >= result.kl_before
   assert not result.theta_LxKxH.any()
@@ -159,7 +233,8 @@ def test_unfittable_caches_raise(kwargs, match):
 
 
 @pytest.mark.parametrize("kwargs", [
-    dict(steps=0), dict(learning_rate=0.0), dict(granularity="head")])
+    dict(steps=0), dict(learning_rate=0.0), dict(granularity="head"),
+    dict(fit=()), dict(fit=("range", "scale")), dict(fit=("range", "range"))])
 def test_bad_options_raise(kwargs):
   with pytest.raises(ValueError, match="KLFitOptions"):
     KLFitOptions(**kwargs)

@@ -43,7 +43,7 @@ PRESET_BITS = {
     # Static keys (no scale; kq3: + one bfloat16 outlier and its uint8 index
     # per 64-element vector) with int{b}_lm values.
     "kq4": (4.0 + 4.25) / 2, "kq3": (3.0 + 24 / 64 + 3.25) / 2,
-    "kq4kl": (4.0 + 4.25) / 2,
+    "kq4kl": (4.0 + 4.25) / 2, "kq4klcb": (4.0 + 4.25) / 2,
     # Allocated kq mixes: the allocator's achieved means.
     "kqmix325": 3.15, "kqmix250": 2.3979,
 }
@@ -51,7 +51,8 @@ PRESET_BITS = {
 KEY_STATS = {"runs/key_stats/smollm2-135m": "std",
              "runs/key_stats/smollm2-135m-range": "range",
              "runs/key_stats/smollm2-135m-range0.99": "range",
-             "runs/key_stats/smollm2-135m-range-kl": "range"}
+             "runs/key_stats/smollm2-135m-range-kl": "range",
+             "runs/key_stats/smollm2-135m-range-klcb2": "range"}
 
 # Fixed (capacity-independent) cache bytes per sequence, by hand: 30 layers x
 # 3 KV heads x 64 dims x 2 bytes (bfloat16 full-precision regions) x the
@@ -71,7 +72,9 @@ for _b in (4, 3, 2):
   PRESET_FIXED_BYTES[f"tq{_b}"] = 30 * (2 * 2 ** _b * 4 + 2 * 3 * 64 * 4)
 # kq: the first token of K and V in bfloat16, the V codebook and the key
 # ranges (float32 centre and half-width [3, 64]) per layer.
-for _name, _b in (("kq4", 4), ("kq3", 3), ("kq4kl", 4)):
+# (The synthetic range stats of these tests carry no key codebook; kq4klcb's
+# real stats add 16 float32 levels per layer.)
+for _name, _b in (("kq4", 4), ("kq3", 3), ("kq4kl", 4), ("kq4klcb", 4)):
   PRESET_FIXED_BYTES[_name] = 2 * _PER_SLOT + 30 * (
       2 ** _b * 4 + 2 * 3 * 64 * 4)
 
