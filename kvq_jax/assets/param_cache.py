@@ -3,8 +3,8 @@
 Entry layout under `cache_root()/params/<stem>-<key>/`: `params/` (an orbax
 StandardCheckpointer checkpoint of the params tree), `tokenizer/`
 (`TextTokenizer.save`), `config.json` (ModelConfig fields plus the format
-version) and, written last, the completion marker `complete.json`: the size
-and crc32 of every other file of the entry.
+version) and, written last, the completion marker `complete.json`: the size,
+crc32 and mtime of every other file of the entry.
 
 The key is a sha256 over FORMAT_VERSION, the source's resolved path and the
 (name, size, mtime_ns) of every source file (the .gguf, or config.json,
@@ -12,8 +12,11 @@ tokenizer files and *.safetensors of a directory): O(1) in file size, unlike
 hashing the weights, and any rewrite of the source changes mtime.
 
 Concurrency and damage:
-* A load checks the entry's files against its marker, then restores it and
-  checks the tree's shapes (`param_layout.check_params`); it takes no lock.
+* A load checks the entry's files against its marker (sizes always; the
+  crc32 of a file whose mtime moved since the marker was written: any write
+  moves it, while re-reading every file would double a large entry's I/O),
+  then restores it and checks the tree's shapes
+  (`param_layout.check_params`); it takes no lock.
 * Otherwise it takes the entry's lock (`entry_lock.hold`: `<entry>.lock`), so
   of several runs started together on a cold cache one converts while the
   others wait, then restore what it wrote. The writer converts into
@@ -61,7 +64,9 @@ from kvq_jax.loaders.tokenizer import TextTokenizer
 from kvq_jax.models.config import ModelConfig
 
 FORMAT_VERSION = 1
-MARKER = "complete.json"  # Written last: {relative path: [size, crc32]}.
+# Written last: {relative path: [size, crc32, mtime_ns]} (older markers:
+# [size, crc32]; `_check_marker` adds the mtimes once they verify).
+MARKER = "complete.json"
 MARKER_VERSION = 1
 _SOURCE_GLOBS = ("config.json", "tokenizer.json", "tokenizer_config.json",
                  "*.safetensors", "model.safetensors.index.json")
@@ -86,19 +91,30 @@ class _Unusable(Exception):
   """The entry is there but incomplete or damaged; the message says how."""
 
 
-def _file_table(entry: pathlib.Path) -> dict[str, list[int]]:
-  """{relative path: [size, crc32]} of every file of the entry but the marker
-  (crc32: it detects accidental damage at a fraction of sha256's cost)."""
+def _file_table(entry: pathlib.Path, known: dict | None = None
+                ) -> dict[str, list[int]]:
+  """{relative path: [size, crc32, mtime_ns]} of every file of the entry but
+  the marker (crc32: it detects accidental damage at a fraction of sha256's
+  cost). A file whose size and mtime equal its row in `known` (a marker's
+  table) keeps that row's crc32 without being read again: any write moves
+  the mtime, and re-reading a 6 GB entry on every load doubled its I/O (the
+  registry trusts a verified wheel by its stat the same way)."""
   table = {}
   for path in sorted(p for p in entry.rglob("*") if p.is_file()):
     relative = path.relative_to(entry).as_posix()
     if relative == MARKER:
       continue
+    stat = path.stat()
+    row = (known or {}).get(relative)
+    if (row is not None and len(row) == 3
+        and [row[0], row[2]] == [stat.st_size, stat.st_mtime_ns]):
+      table[relative] = list(row)
+      continue
     crc = 0
     with open(path, "rb") as f:
       for chunk in iter(lambda: f.read(1 << 22), b""):
         crc = zlib.crc32(chunk, crc)
-    table[relative] = [path.stat().st_size, crc]
+    table[relative] = [stat.st_size, crc, stat.st_mtime_ns]
   return table
 
 
@@ -121,17 +137,30 @@ def _check_marker(entry: pathlib.Path) -> None:
                       f"{marker['marker_version']}, expected {MARKER_VERSION}")
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise _Unusable(f"unreadable {MARKER}: {e!r}") from e
-  actual = _file_table(entry)
+  actual = _file_table(entry, expected)
   for name in sorted(expected.keys() | actual.keys()):
     if name not in actual:
       raise _Unusable(f"{name} is missing")
     if name not in expected:
       raise _Unusable(f"{name} is not in {MARKER}")
-    (size, crc), (want_size, want_crc) = actual[name], expected[name]
+    (size, crc), (want_size, want_crc) = actual[name][:2], expected[name][:2]
     if size != want_size:
       raise _Unusable(f"{name} has {size} bytes, {MARKER} says {want_size}")
     if crc != want_crc:
       raise _Unusable(f"{name}'s checksum differs from {MARKER}'s")
+  if actual != expected:  # Rows of an older marker, or files touched but
+    _rewrite_marker(entry, actual)  # intact: record their stats.
+
+
+def _rewrite_marker(entry: pathlib.Path, table: dict) -> None:
+  """Best effort (a read-only cache keeps checksumming on every load)."""
+  partial = entry / (MARKER + f".partial-{os.getpid()}")
+  try:
+    partial.write_text(json.dumps(
+        {"marker_version": MARKER_VERSION, "files": table}, indent=1))
+    os.replace(partial, entry / MARKER)
+  except OSError:
+    partial.unlink(missing_ok=True)
 
 
 def _checkpointer() -> ocp.StandardCheckpointer:

@@ -49,8 +49,10 @@ B, K, N, H = 2, 2, 4, 16
 TOTAL = 40  # Tokens fed: five wraps of an 8-token window.
 CAPACITY = 48  # The linear references' capacity.
 ROPE = Rope(theta=10000.0, rotary_dim=H)
-# Chunks of several sizes, two longer than any window below.
-CHUNKS = (3, 12, 1, 5, 19)
+# Chunks of two sizes (each size compiles once), two longer than any window
+# below; the small one starts mid-ring (token 19) and crosses no wrap or
+# one, depending on the window.
+CHUNKS = (19, 2, 19)
 assert sum(CHUNKS) == TOTAL
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -33,6 +34,11 @@ def _inputs():
   return normal(B, T, K * G, H), normal(B, T, K, H), normal(B, T, K, H)
 
 
+@jax.jit
+def _attend(cache, q, k, v, positions):
+  return cache.attend(q, k, v, positions, ROPE)
+
+
 def _run(spec: CacheSpec, chunks) -> np.ndarray:
   layer = spec.layer(0)
   cache = QuantizedLayerCache.create(layer, B, 32, K, H)
@@ -40,8 +46,8 @@ def _run(spec: CacheSpec, chunks) -> np.ndarray:
   outs, pos = [], 0
   for size in chunks:
     positions = cache.length_B[:, None] + jnp.arange(size)[None, :]
-    out, cache = cache.attend(q[:, pos:pos + size], k[:, pos:pos + size],
-                              v[:, pos:pos + size], positions, ROPE)
+    out, cache = _attend(cache, q[:, pos:pos + size], k[:, pos:pos + size],
+                         v[:, pos:pos + size], positions)
     outs.append(np.asarray(out))
     pos += size
   return np.concatenate(outs, axis=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -77,9 +78,13 @@ def _truncate(path):
 
 
 def _flip_a_byte(path):
+  """A write that changes one byte; its mtime moves (set explicitly: two
+  writes within one file-system clock tick can share an mtime)."""
+  mtime = path.stat().st_mtime_ns
   data = bytearray(path.read_bytes())
   data[len(data) // 2] ^= 0xFF
   path.write_bytes(bytes(data))
+  os.utime(path, ns=(mtime, mtime + 10**9))
 
 
 @pytest.mark.parametrize("damage", [
@@ -165,3 +170,34 @@ def test_leftovers_of_killed_writers_are_swept(tmp_path, monkeypatch):
   assets.load_params_cached(source)
   assert sorted(p.name for p in entry.parent.iterdir()) == sorted(
       [entry.name, other.name])  # Another entry's folder is not touched.
+
+
+def test_unchanged_files_are_not_read_again_for_checksums(tmp_path,
+                                                          monkeypatch):
+  """A marker row whose size and mtime match is trusted (no crc32 pass);
+  an older marker's [size, crc32] rows are checked once, then given their
+  mtimes."""
+  monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path / "cache"))
+  source = tmp_path / "tiny.gguf"
+  tc.write_gguf(source, tc.random_hf_weights(seed=11, tied=False))
+  assets.load_params_cached(source)
+  entry = param_cache.entry_dir(source)
+  marker = entry / param_cache.MARKER
+  rows = json.loads(marker.read_text())["files"]
+  assert rows and all(len(row) == 3 for row in rows.values())
+
+  crcs = []
+  real_crc = param_cache.zlib.crc32
+  monkeypatch.setattr(param_cache.zlib, "crc32",
+                      lambda *a: crcs.append(1) or real_crc(*a))
+  assets.load_params_cached(source)
+  assert not crcs
+  old = {"marker_version": 1,
+         "files": {name: row[:2] for name, row in rows.items()}}
+  marker.write_text(json.dumps(old))
+  assets.load_params_cached(source)
+  assert crcs  # Checked...
+  assert json.loads(marker.read_text())["files"] == rows  # ...and upgraded.
+  crcs.clear()
+  assets.load_params_cached(source)
+  assert not crcs

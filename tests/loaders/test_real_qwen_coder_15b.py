@@ -41,9 +41,11 @@ def test_config(model):
 
 
 def test_wikitext2_baseline_perplexity_is_pinned(model):
-  """4 windows of 512, second half, float32; transformers on the same ids:
-  see the docstring of the 0.5B test and the closing note of issue 12."""
-  windows = real_wikitext.first_windows(model)
+  """The first window of 512, second half, float32. The first 4 windows
+  gave 13.15292598674292, equal to transformers on the same ids (issue 12's
+  closing note); one window keeps this 1.5B model inside CI's time budget
+  (each window is ~12 s on 2 cores)."""
+  windows = real_wikitext.first_windows(model, num_windows=1)
   assert windows[0, :3].tolist() == [715, 284, 8397]  # Same vocab as 0.5B.
   ppl = real_wikitext.baseline_ppl(model, windows)
-  assert round(ppl, 4) == 13.1529, ppl  # Measured 13.15292598674292.
+  assert round(ppl, 4) == 8.9639, ppl  # Measured 8.963930143841726.

@@ -7,8 +7,10 @@ Checks (consumed by test_sharding.py): sharded prefill + decode equals the
 unsharded run for dense and int4 caches on meshes 2x4 and 4x2, the cache
 leaves carry the expected PartitionSpecs; the evaluation forward
 (`sharded_window_prefill`) gives bit-identical logits and packed cache
-leaves for int8, int4_g32, kivi2 and kvq4 on meshes 2x3 (data and model
-axes) and 1x4 (3 KV heads: 4 does not divide them, so they replicate).
+leaves for int4_g32 (token-local groups), kivi2 (per-channel keys and a
+residual window) and kvq4 (pre-RoPE per-channel keys, Hadamard values) on
+meshes 2x3 (data and model axes) and 1x4 (3 KV heads: 4 does not divide
+them, so they replicate).
 `experiments.run --mesh` end to end is test_multiprocess.py's (a 2x2 mesh
 over 2 processes against the no-mesh run).
 """
@@ -93,8 +95,6 @@ EVAL_CONFIG = ModelConfig(vocab_size=61, hidden_size=96, intermediate_size=96,
                           head_dim=32, name="llama")
 _PC32 = QuantSpec("int2", "asymmetric", "per_channel", 32)
 EVAL_SPECS = {
-    "int8": CacheSpec(k=QuantSpec("int8", "symmetric", "per_token"),
-                      v=QuantSpec("int8", "symmetric", "per_token")),
     "int4_g32": CacheSpec(k=QuantSpec("int4", "symmetric", "per_group", 32),
                           v=QuantSpec("int4", "symmetric", "per_group", 32)),
     "kivi2": CacheSpec(k=_PC32, v=QuantSpec("int2", "asymmetric", "per_group",

@@ -3,8 +3,8 @@ be set before jax starts, and this pytest process has already started it).
 
 sharded_check.py runs prefill + 3 decode steps of a tiny model (K = 4 KV
 heads) with dense and int4 caches on meshes 2x4 and 4x2 (tensor parallel:
-equal up to float reassociation), the evaluation forward with int8,
-int4_g32, kivi2 and kvq4 caches on meshes 2x3 and 1x4 (bit-exact),
+equal up to float reassociation), the evaluation forward with int4_g32,
+kivi2 and kvq4 caches on meshes 2x3 and 1x4 (bit-exact),
 printing one JSON line checked here. `experiments.run --mesh` end to end
 (the tiny HF model, K = 1: KV heads fall back to replication) is
 test_multiprocess.py's: a 2x2 mesh over 2 processes against the no-mesh run.
@@ -58,7 +58,7 @@ def test_sharded_decode_equals_unsharded(result, mesh, kind):
 
 
 @pytest.mark.parametrize("mesh", ["2x3", "1x4"])
-@pytest.mark.parametrize("kind", ["int8", "int4_g32", "kivi2", "kvq4"])
+@pytest.mark.parametrize("kind", ["int4_g32", "kivi2", "kvq4"])
 def test_sharded_evaluation_is_bit_identical(result, mesh, kind):
   # Logits and every packed cache leaf (codes, scales, zeros, windows,
   # lengths) of the evaluation forward equal the unsharded run's exactly.
