@@ -38,6 +38,7 @@ Concurrency and damage:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -118,13 +119,18 @@ def _file_table(entry: pathlib.Path, known: dict | None = None
   return table
 
 
-def _write_marker(entry: pathlib.Path) -> None:
-  """Writes the completion marker over the entry's files, atomically."""
-  partial = entry / (MARKER + ".partial")
-  partial.write_text(json.dumps(
-      {"marker_version": MARKER_VERSION, "files": _file_table(entry)},
-      indent=1))
-  os.replace(partial, entry / MARKER)
+def _write_marker(entry: pathlib.Path, table: dict | None = None) -> None:
+  """Writes the completion marker (`table`, else the entry's files read
+  now) atomically: a reader never sees half of it."""
+  partial = entry / (MARKER + f".partial-{os.getpid()}")
+  try:
+    partial.write_text(json.dumps(
+        {"marker_version": MARKER_VERSION,
+         "files": _file_table(entry) if table is None else table}, indent=1))
+    os.replace(partial, entry / MARKER)
+  except BaseException:
+    partial.unlink(missing_ok=True)
+    raise
 
 
 def _check_marker(entry: pathlib.Path) -> None:
@@ -149,18 +155,10 @@ def _check_marker(entry: pathlib.Path) -> None:
     if crc != want_crc:
       raise _Unusable(f"{name}'s checksum differs from {MARKER}'s")
   if actual != expected:  # Rows of an older marker, or files touched but
-    _rewrite_marker(entry, actual)  # intact: record their stats.
-
-
-def _rewrite_marker(entry: pathlib.Path, table: dict) -> None:
-  """Best effort (a read-only cache keeps checksumming on every load)."""
-  partial = entry / (MARKER + f".partial-{os.getpid()}")
-  try:
-    partial.write_text(json.dumps(
-        {"marker_version": MARKER_VERSION, "files": table}, indent=1))
-    os.replace(partial, entry / MARKER)
-  except OSError:
-    partial.unlink(missing_ok=True)
+    # intact: record their stats (best effort: a read-only cache keeps
+    # checksumming on every load).
+    with contextlib.suppress(OSError):
+      _write_marker(entry, actual)
 
 
 def _checkpointer() -> ocp.StandardCheckpointer:

@@ -16,14 +16,21 @@ from kvq_jax.loaders import param_layout
 from tests.loaders import tiny_checkpoints as tc
 
 
-def test_second_load_skips_conversion(tmp_path, monkeypatch):
+def _counted_source(tmp_path, monkeypatch, seed: int):
+  """A tiny GGUF under a temporary cache root, and the list every
+  conversion of it appends to."""
   monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path / "cache"))
   source = tmp_path / "tiny.gguf"
-  tc.write_gguf(source, tc.random_hf_weights(seed=7, tied=False))
+  tc.write_gguf(source, tc.random_hf_weights(seed=seed, tied=False))
   calls = []
   real = loaders.load_checkpoint
   monkeypatch.setattr(loaders, "load_checkpoint",
                       lambda p: calls.append(p) or real(p))
+  return source, calls
+
+
+def test_second_load_skips_conversion(tmp_path, monkeypatch):
+  source, calls = _counted_source(tmp_path, monkeypatch, seed=7)
 
   config, params, tok = assets.load_params_cached(str(source))
   config2, params2, tok2 = assets.load_params_cached(str(source))
@@ -97,13 +104,7 @@ def _flip_a_byte(path):
         "marker_truncated"])
 def test_damaged_entry_is_rebuilt_with_a_warning(tmp_path, monkeypatch, caplog,
                                                  damage):
-  monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path / "cache"))
-  source = tmp_path / "tiny.gguf"
-  tc.write_gguf(source, tc.random_hf_weights(seed=9, tied=False))
-  calls = []
-  real = loaders.load_checkpoint
-  monkeypatch.setattr(loaders, "load_checkpoint",
-                      lambda p: calls.append(p) or real(p))
+  source, calls = _counted_source(tmp_path, monkeypatch, seed=9)
   _, params, tok = assets.load_params_cached(source)
   entry = param_cache.entry_dir(source)
   damage(entry)
@@ -131,13 +132,7 @@ def test_entry_from_before_the_marker_is_adopted(tmp_path, monkeypatch,
                                                  caplog):
   """An intact entry written before complete.json existed is not rebuilt; a
   damaged one is."""
-  monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path / "cache"))
-  source = tmp_path / "tiny.gguf"
-  tc.write_gguf(source, tc.random_hf_weights(seed=10, tied=False))
-  calls = []
-  real = loaders.load_checkpoint
-  monkeypatch.setattr(loaders, "load_checkpoint",
-                      lambda p: calls.append(p) or real(p))
+  source, calls = _counted_source(tmp_path, monkeypatch, seed=10)
   _, params, _ = assets.load_params_cached(source)
   entry = param_cache.entry_dir(source)
   marker = (entry / "complete.json").read_text()
