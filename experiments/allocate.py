@@ -8,7 +8,10 @@ r"""Per-layer K/V formats under a bits/element budget from a sensitivity table.
 Writes DIR/allocated_<budget>.py (a preset: predicted damage in its
 docstring) and prints the allocation; verify the prediction with
   python -m experiments.run --config=DIR/allocated_<budget>.py
-Candidates other than fp must have been measured by
+Costs are effective bits at the table's window length (sinks, residual and
+per-channel windows charged in the window dtype; tables written before
+that field existed fall back to stored bits, and say so). Candidates other
+than fp must have been measured by
 experiments.layer_sensitivity (the preset's format and its --formats);
 several tables of the same model and windows are merged (e.g. an int4_g32
 sweep beside an int2_g32_asym one).
@@ -46,11 +49,16 @@ def main(argv):
   table = merge_tables([load_json(p) for p in paths], paths)
   meta = table["meta"]
   default = [allocator.FULL_PRECISION] + list(meta["formats"])
+  slots = meta.get("full_precision_slots")
+  slots = allocator.FullPrecisionSlots(**slots) if slots else None
+  print("costs: " + (f"effective bits at {slots.context} tokens" if slots
+                     else "stored bits (the table predates "
+                     "full_precision_slots; sinks and windows not charged)"))
   allocation = allocator.allocate(
       allocator.damage_table(table, _METRIC.value), meta["num_layers"],
       _K_FORMATS.value or default, _V_FORMATS.value or default,
       _BUDGET.value, head_dim=meta["head_dim"], fp_bits=meta["fp_bits"],
-      metric=_METRIC.value)
+      metric=_METRIC.value, slots=slots)
   workdir = pathlib.Path(_WORKDIR.value or pathlib.Path(paths[0]).parent)
   path = preset_writer.write_preset(
       workdir / f"allocated_{_BUDGET.value:g}.py", allocation, table,

@@ -68,7 +68,9 @@ def _check_interpret(value) -> None:
         "interpret on the cpu backend).")
 
 
-def _to_cache_layout(spec: QuantSpec | None, name: str) -> QuantSpec | None:
+def to_cache_layout(spec: QuantSpec | None, name: str) -> QuantSpec | None:
+  """`spec` with the axis of the [B, K, T, H] cache layout (ValueError
+  naming `name` where it cannot be a cache format)."""
   if spec is None:
     return None
   if spec.granularity == "per_channel":
@@ -318,8 +320,8 @@ class CacheSpec:
           f"be multiples of the per-channel token group ({needed}).")
     for i, (k, v) in enumerate([(self.k, self.v)] + [o[1:] for o in overrides]):
       where = "" if i == 0 else f"layer_overrides[{i-1}]."
-      _to_cache_layout(k, f"{where}k")
-      _to_cache_layout(v, f"{where}v")
+      to_cache_layout(k, f"{where}k")
+      to_cache_layout(v, f"{where}v")
       self._check_static(k, v, where)
     if normalize_implementation(self.attention_impl) == ("pallas",):
       self._check_explicit_pallas(overrides)
@@ -403,6 +405,6 @@ class CacheSpec:
       affine = self.key_affines[index]
       if not k.has_scale and not k.levels and affine.levels(k.bits):
         k = dataclasses.replace(k, levels=affine.levels(k.bits))
-    return LayerSpec(k=_to_cache_layout(k, "k"), v=_to_cache_layout(v, "v"),
+    return LayerSpec(k=to_cache_layout(k, "k"), v=to_cache_layout(v, "v"),
                      flush_k=self._flush(k), flush_v=self._flush(v),
                      rotation_key=key, key_affine=affine, **shared)

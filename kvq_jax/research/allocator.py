@@ -7,7 +7,16 @@ sensitivity table, `metric` delta_ppl or kl_mean); full precision costs 0.
 Cost: `kvq_jax.quant.cache_bits_per_element` (vectors of head_dim), full
 precision `fp_bits` (the cache dtype's width, as the runner's
 kv_bits_per_element counts it); the budget bounds the mean over the 2L
-tensors (they hold equally many elements).
+tensors (they hold equally many elements). With `FullPrecisionSlots` (the
+sensitivity table's `meta.full_precision_slots`) a quantized format is
+charged its effective bits at the table's context instead, as
+`experiment.memory` counts them on a global layer: the sinks and the
+window slots it keeps (R + F - 1, F its per-channel token group unless the
+spec fixes a flush block) in the window dtype, the other tokens at its
+stored bits; a per-channel format's window then costs what it holds (31
+bfloat16 keys of a _pc32 format add 0.9 bits per element at 512 tokens).
+Per-layer constants (codebooks, calibrated ranges) are left out (a few
+hundred bytes per layer).
 
 `allocate` solves this multiple-choice knapsack exactly by dynamic
 programming over the (rational, hence exactly discretized) bit costs; among
@@ -33,12 +42,48 @@ MAX_STATES = 4_000_000
 DamageTable = Mapping[tuple[str, int, str], float]  # (tensor, layer, format)
 
 
-def format_bits(name: str, head_dim: int, fp_bits: float) -> float:
-  """Stored bits per element of the short-named format."""
+@dataclasses.dataclass(frozen=True)
+class FullPrecisionSlots:
+  """The cache's full-precision slots and the context they are charged at.
+
+  `flush_block` None: each format's own (its per-channel token group, 1
+  for token-local formats), as `CacheSpec` resolves it.
+  """
+
+  context: int
+  sink: int = 0
+  residual: int = 0
+  flush_block: int | None = None
+  window_bits: float = 16.0
+
+  def __post_init__(self):
+    if not isinstance(self.context, int) or self.context < 1:
+      raise ValueError(f"FullPrecisionSlots.context={self.context!r}: "
+                       "allowed: a positive number of tokens.")
+
+  def slots(self, name: str) -> int:
+    """Full-precision slots of one tensor stored in format `name`."""
+    spec = parse_short_spec(name)
+    if spec is None:
+      return 0
+    flush = self.flush_block or (
+        spec.group_size if spec.granularity == "per_channel" else 1)
+    return self.sink + self.residual + flush - 1
+
+
+def format_bits(name: str, head_dim: int, fp_bits: float,
+                slots: FullPrecisionSlots | None = None) -> float:
+  """Bits per element of the short-named format: stored bits, or with
+  `slots` the effective bits at its context (module docstring)."""
   spec = parse_short_spec(name)
   if spec is None:
     return float(fp_bits)
-  return cache_bits_per_element(spec, head_dim)
+  stored = cache_bits_per_element(spec, head_dim)
+  if slots is None:
+    return stored
+  held = slots.slots(name)
+  return (stored * max(0, slots.context - held)
+          + held * slots.window_bits) / slots.context
 
 
 def damage_table(table: dict, metric: str = "delta_ppl") -> dict:
@@ -76,8 +121,10 @@ def allocate(damage: DamageTable, num_layers: int,
              k_candidates: Sequence[str], v_candidates: Sequence[str],
              budget: float, *, head_dim: int, fp_bits: float,
              metric: str = "delta_ppl",
-             clip_negative: bool = True) -> Allocation:
-  """Minimum predicted damage with mean bits <= `budget` (module docstring).
+             clip_negative: bool = True,
+             slots: FullPrecisionSlots | None = None) -> Allocation:
+  """Minimum predicted damage with mean bits <= `budget` (module docstring;
+  `slots`: charge effective bits, else stored bits).
 
   `clip_negative`: a measured damage below 0 (noise: quantizing a tensor
   rarely helps) counts as 0, so it cannot pay for damage elsewhere.
@@ -90,7 +137,7 @@ def allocate(damage: DamageTable, num_layers: int,
   names = {}
   for fmt in list(k_candidates) + list(v_candidates):
     names[fmt] = short_name(parse_short_spec(fmt))
-  bits = {f: format_bits(f, head_dim, fp_bits) for f in names}
+  bits = {f: format_bits(f, head_dim, fp_bits, slots) for f in names}
   options = []  # per tensor: [(format, cost Fraction, damage)]
   for tensor, candidates in (("K", k_candidates), ("V", v_candidates)):
     for layer in range(num_layers):

@@ -3,7 +3,7 @@
 The preset builds on `configs/base.py`: the most common K and V formats
 become cache.k / cache.v, every other layer a `cache.layer_overrides` entry
 (short names, `experiment.short_specs`). Model, dtypes, key_rope, Hadamard,
-key statistics, sinks and eval settings are copied from the sensitivity run, so `experiments.run`
+key statistics, sinks, residual, flush block and eval settings are copied from the sensitivity run, so `experiments.run`
 scores the same windows the prediction came from.
 """
 
@@ -27,6 +27,8 @@ _COPIED = (("model", ("model",)), ("dtype", ("dtype",)),
            ("cache.rotation_seed", ("cache", "rotation_seed")),
            ("cache.key_stats", ("cache", "key_stats")),
            ("cache.sink", ("cache", "sink")),
+           ("cache.residual", ("cache", "residual")),
+           ("cache.flush_block", ("cache", "flush_block")),
            ("cache.window_dtype", ("cache", "window_dtype")),
            ("attention.impl", ("attention", "impl")))
 

@@ -139,6 +139,11 @@ def run_layer_sensitivity(config: ml_collections.ConfigDict, workdir: str,
           "scoring": settings.eval.scoring, "num_layers": n,
           "head_dim": lm.config.head_dim, "cache_dtype": settings.cache_dtype,
           "fp_bits": 8 * jnp.dtype(settings.cache_dtype).itemsize,
+          # What the allocator charges a format's full-precision slots.
+          "full_precision_slots": {
+              "context": settings.eval.window_len, "sink": spec.sink,
+              "residual": spec.residual, "flush_block": spec.flush_block,
+              "window_bits": 8 * jnp.dtype(spec.window_dtype).itemsize},
           "base_k": base_k, "base_v": base_v, "extra_formats": list(extras),
           "formats": measured,
           "config": json.loads(resolved.to_json_best_effort()),

@@ -47,7 +47,7 @@ def load_json(path: str | pathlib.Path) -> dict:
 
 
 _SHARED_META = ("model", "eval_data", "scoring", "num_layers", "head_dim",
-                "cache_dtype", "fp_bits")
+                "cache_dtype", "fp_bits", "full_precision_slots")
 _SHARED_BASELINE = ("num_windows", "window_len")
 
 
@@ -72,7 +72,8 @@ def merge_tables(tables: list[dict], paths: list[str]) -> dict:
               f"sensitivity tables {paths[0]!r} and {path!r} differ in "
               f"{section}.{key} ({first[section].get(key)!r} vs "
               f"{table[section].get(key)!r}); allowed: tables measured on "
-              "the same model, text, windows and cache dtype.")
+              "the same model, text, windows, cache dtype and full-precision "
+              "slots (sinks, residual, flush block).")
     a, b = first["baseline"]["ppl_baseline"], table["baseline"]["ppl_baseline"]
     if not np.isclose(a, b, rtol=1e-5, atol=0.0):
       raise ValueError(

@@ -33,6 +33,39 @@ def test_format_bits():
   assert allocator.format_bits("fp", H, FP) == 32.0
 
 
+def test_format_bits_charge_full_precision_slots():
+  """Effective bits at 512 tokens, counted by hand: int2_pc32_asym stores
+  2 + 32/32 bits and keeps 31 bfloat16 keys in its window; one sink."""
+  slots = allocator.FullPrecisionSlots(context=512)
+  assert allocator.format_bits("int2_pc32_asym", H, FP) == 3.0
+  assert allocator.format_bits("int2_pc32_asym", H, FP, slots) == (
+      3.0 * 481 + 31 * 16) / 512
+  assert allocator.format_bits("int4_g32", H, FP, slots) == 4.5
+  sink = allocator.FullPrecisionSlots(context=512, sink=1, residual=2)
+  assert allocator.format_bits("int4_g32", H, FP, sink) == (
+      4.5 * 509 + 3 * 16) / 512
+  assert allocator.format_bits("fp", H, FP, sink) == 32.0
+  flush = allocator.FullPrecisionSlots(context=512, flush_block=64)
+  assert flush.slots("int2_pc32_asym") == flush.slots("int8") == 63
+
+
+def test_charged_windows_change_the_choice():
+  """At 3.3 bits per-channel int2 fits on stored bits (3.0) but not once
+  its 31 window tokens are charged (3.79; with the other tensor at 3.0 the
+  mean is 3.39): then both take int2_g32_asym."""
+  damage = {(t, 0, f): d for t in ("K", "V") for f, d in (
+      ("int2_pc32_asym", 0.1), ("int2_g32_asym", 0.5), ("int4_g32", 0.01))}
+  cands = ("int2_pc32_asym", "int2_g32_asym", "int4_g32")
+  stored = allocator.allocate(damage, 1, cands, cands, 3.3, head_dim=H,
+                              fp_bits=FP)
+  charged = allocator.allocate(
+      damage, 1, cands, cands, 3.3, head_dim=H, fp_bits=FP,
+      slots=allocator.FullPrecisionSlots(context=512))
+  assert stored.k_formats == stored.v_formats == ("int2_pc32_asym",)
+  assert charged.k_formats == charged.v_formats == ("int2_g32_asym",)
+  assert charged.mean_bits == 3.0
+
+
 @pytest.mark.parametrize("budget", [3.0, 3.4, 4.5, 5.0, 6.3, 8.25, 12.0])
 def test_meets_the_budget(budget):
   candidates = ("fp",) + FORMATS

@@ -49,6 +49,14 @@ KQ = CacheSpec(
     key_rope="pre", key_affines=tuple(KeyAffine.from_arrays(
         np.full((2, 16), 0.05 * i), np.linspace(0.2, 0.6, 32).reshape(2, 16),
         mode="range") for i in range(2)))
+# KIVI-style: per-channel keys over 4-token groups, a 2-token residual and
+# four sinks (T = 24: Q_k(n) = 4 + 4 floor((n - 6) / 4), so queries read
+# keys from storage, the mixed segment, the window and the sinks).
+PC4 = QuantSpec("int2", "asymmetric", "per_channel", 4)
+KIVI = CacheSpec(k=PC4, v=INT2_G8_ASYM, residual=2, sink=4)
+# Token-local formats committed in flush blocks of 8 (Hadamard on V).
+FLUSH = CacheSpec(k=INT4_G8, v=INT4_G8, flush_block=8, hadamard_v=True,
+                  rotation_seed=1)
 # Issue 14's method 4: the same with a calibrated-style rotation per head.
 KQ_ROT = dataclasses.replace(KQ, key_affines=tuple(
     KeyAffine.from_arrays(*a.arrays(), mode="range",
@@ -67,7 +75,7 @@ def decoder():
 def forward(name: str) -> SelectiveForward:
   """Choice 1: the preset's own format; 2: int8 K / int2_g8_asym V."""
   spec = {"post": POST, "pre": PRE, "lm": LM, "kq": KQ,
-          "kq_rot": KQ_ROT}[name]
+          "kq_rot": KQ_ROT, "kivi": KIVI, "flush": FLUSH}[name]
   return SelectiveForward(decoder(), layer_specs(
       CONFIG, spec, extra_k=(INT8,), extra_v=(INT2_G8_ASYM,)))
 
@@ -88,6 +96,8 @@ def real_logits(spec: CacheSpec | None, ids):
     ("lm", 1, LM),
     ("kq", 1, KQ),
     ("kq_rot", 1, KQ_ROT),
+    ("kivi", 1, KIVI),
+    ("flush", 1, FLUSH),
 ])
 def test_all_choices_on_match_the_real_quantized_cache(name, choice, real):
   ids = tokens()
@@ -139,15 +149,57 @@ def test_sweep_does_not_recompile():
   assert fwd.num_traces == traces + 1
 
 
-@pytest.mark.parametrize("spec, field", [
-    (CacheSpec(k=QuantSpec("int2", "asymmetric", "per_channel", 8),
-               v=INT4_G8), "granularity"),
-    (CacheSpec(k=INT4_G8, v=INT4_G8, residual=4), "residual"),
-    (CacheSpec(k=INT4_G8, v=INT4_G8, flush_block=4), "flush_block"),
+@pytest.mark.parametrize("k_choice, v_choice, real", [
+    # K per-channel and V full precision: V keeps its window in bfloat16.
+    ([1, 1], [0, 0], dataclasses.replace(KIVI, v=None)),
+    # The extra int8 keys (token-local: F = 1, only the residual window)
+    # beside KIVI's own V.
+    ([2, 2], [1, 1], dataclasses.replace(KIVI, k=INT8)),
+    # Layer 0 quantized, layer 1 full precision (a dense layer).
+    ([1, 0], [1, 0], dataclasses.replace(
+        KIVI, layer_overrides=((1, None, None),))),
 ])
-def test_unemulable_specs_raise(spec, field):
-  with pytest.raises(ValueError, match=field):
-    layer_specs(CONFIG, spec)
+def test_kivi_mixes_match_the_real_cache(k_choice, v_choice, real):
+  ids = tokens()
+  got = np.asarray(forward("kivi")(ids, k_choice, v_choice))
+  np.testing.assert_allclose(got, real_logits(real, ids), atol=1e-4, rtol=0)
+
+
+def test_per_channel_extra_format_on_a_token_local_base():
+  """--formats=int2_pc8_asym on an int4_g8 preset: the probe of K in the
+  per-channel format (F = 8 tokens, up to 7 keys in bfloat16) is the real
+  cache with that K (the probe refused per-channel formats before)."""
+  extra = QuantSpec("int2", "asymmetric", "per_channel", 8)
+  base = CacheSpec(k=INT4_G8, v=INT4_G8)
+  probe = SelectiveForward(decoder(), layer_specs(CONFIG, base,
+                                                  extra_k=(extra,)))
+  ids = tokens()
+  got = np.asarray(probe(ids, [2, 2], [1, 1]))
+  want = real_logits(dataclasses.replace(base, k=extra), ids)
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+  assert np.abs(got - np.asarray(probe(ids, [1, 1], [1, 1]))).max() > 1e-3
+
+
+def test_unemulable_formats_raise():
+  with pytest.raises(ValueError, match="axis"):
+    SelectiveSpec(k_formats=(dataclasses.replace(PC4, axis=-1),),
+                  v_formats=())
+  with pytest.raises(ValueError, match="flush_block=2"):
+    SelectiveSpec(k_formats=(dataclasses.replace(PC4, axis=-2),),
+                  v_formats=(), flush_block=2)
+  with pytest.raises(ValueError, match="granularity"):
+    SelectiveSpec(k_formats=(QuantSpec("int8", "symmetric", "per_tensor"),),
+                  v_formats=())
+
+
+def test_a_second_attend_raises():
+  spec = SelectiveSpec(k_formats=(INT4_G8,), v_formats=(INT4_G8,))
+  cache = SelectiveLayerCache.create(spec, 1, 8, 2, 16, 1, 1)
+  _, written = forward("post").with_cache(tokens(batch=1), [1, 1], [1, 1])
+  assert written[0].written and not cache.written
+  with pytest.raises(ValueError, match="called once"):
+    written[0].attend(*[jnp.zeros((1, 1, 2, 16))] * 3,
+                      jnp.zeros((1, 1), jnp.int32), None)
 
 
 def test_bad_choice_raises():
@@ -163,13 +215,14 @@ def test_sliding_window_layers_match_the_real_ring_caches():
   config = dataclasses.replace(CONFIG, sliding_window=5, local_layers=(0,))
   local = decoder_from_params(config, random_params(config, seed=3,
                                                     scale=0.2))
-  probe = SelectiveForward(local, layer_specs(config, POST))
   ids = tokens()
   model = LoadedModel(decoder=local, tokenizer=None, source="tiny-local")
-  for choice, spec in ((1, POST), (0, None)):
-    got = np.asarray(probe(ids, [choice] * 2, [choice] * 2))
-    want = np.asarray(window_forward(model, spec, "float32")(ids))
-    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+  for base in (POST, KIVI):  # KIVI: per-channel keys, residual, no sinks.
+    probe = SelectiveForward(local, layer_specs(config, base))
+    for choice, spec in ((1, base), (0, None)):
+      got = np.asarray(probe(ids, [choice] * 2, [choice] * 2))
+      want = np.asarray(window_forward(model, spec, "float32")(ids))
+      np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
   # The window matters: the same weights without it give other logits.
   assert np.abs(got - real_logits(None, ids)).max() > 1e-3
 

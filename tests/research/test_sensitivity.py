@@ -37,7 +37,7 @@ def sweep(tmp_path_factory):
     text = str(tiny_hf_model.write_eval_text(root / "eval.txt"))
     table = run_layer_sensitivity(
         small("int4_g32"), str(root / "out"), eval_data=text, model=model,
-        name="int4_g32", formats=["int8", "int2_g32_asym"])
+        name="int4_g32", formats=["int8", "int2_g32_asym", "int2_pc8_asym"])
     yield {"root": root, "table": table, "workdir": root / "out",
            "model": model, "text": text}
 
@@ -71,10 +71,9 @@ def test_plan_with_separate_key_and_value_formats():
   assert v2.v_choice_L == (0, 3) and v2.k_choice_L == (0, 0)
 
 
-def test_check_formats_rejects_channel_and_fp():
-  assert check_formats(["int4_g32", "int8"]) == ("int4_g32", "int8")
-  with pytest.raises(ValueError, match="per_channel"):
-    check_formats(["int2_pc32_asym"])
+def test_check_formats_takes_channel_and_rejects_fp():
+  assert check_formats(["int4_g32", "int8", "int2_pc32_asym"]) == (
+      "int4_g32", "int8", "int2_pc32_asym")
   with pytest.raises(ValueError, match="full precision"):
     check_formats(["fp"])
 
@@ -90,7 +89,7 @@ def test_outputs_written(sweep):
     rows = list(csv.DictReader(f))
   assert len(rows) == len(table["rows"])
   # 1 all + L*(K, V, KV) + L all-but-one + 2 formats * L * (K, V).
-  assert len(rows) == 1 + 3 * L + L + 2 * 2 * L
+  assert len(rows) == 1 + 3 * L + L + 3 * 2 * L
   summary = (workdir / "summary.txt").read_text()
   assert "most sensitive" in summary
   full = next(line for line in summary.splitlines()
@@ -114,8 +113,12 @@ def test_one_compile_and_the_real_cache_agrees(sweep):
 def test_rows_are_ordered_by_damage(sweep):
   table = sweep["table"]
   meta = table["meta"]
-  assert meta["formats"] == ["int2_g32_asym", "int4_g32", "int8"]
+  assert meta["formats"] == ["int2_g32_asym", "int2_pc8_asym", "int4_g32",
+                             "int8"]
   assert meta["fp_bits"] == 32 and meta["head_dim"] == tiny_hf_model.H
+  assert meta["full_precision_slots"] == {
+      "context": 32, "sink": 0, "residual": 0, "flush_block": None,
+      "window_bits": 16}
   kl = {}
   for row in table["rows"]:
     assert row["kl_mean"] > 0  # Every probe quantizes something.
