@@ -170,9 +170,8 @@ def causal_blockwise_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array,
     # The last block may overlap the one before it (S not a multiple of
     # `block`): slots before index * block were already read.
     start = jnp.minimum(index * block, s - block)
-    kb, vb = (jnp.swapaxes(jax.lax.dynamic_slice_in_dim(x, start, block, 1),
-                           1, 2).astype(compute_dtype)
-              for x in (k_BxSxKxH, v_BxSxKxH))
+    kb, vb = (jnp.swapaxes(read_block(x, start, block, index, compute_dtype),
+                           1, 2) for x in (k_BxSxKxH, v_BxSxKxH))
     tok_L = start + jnp.arange(block, dtype=jnp.int32)
     mask_BxTxL = ((tok_L[None, None, :] <= last_BxT[:, :, None])
                   & (tok_L >= index * block)[None, None, :])
@@ -187,6 +186,27 @@ def causal_blockwise_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array,
   out_BxKxGxTxH = acc / l[..., None]
   return jnp.moveaxis(out_BxKxGxTxH, 3, 1).reshape(b, t, n, h).astype(
       compute_dtype)
+
+
+def read_block(x_BxSxKxH: jax.Array, start: jax.Array, block: int,
+               index: jax.Array, dtype) -> jax.Array:
+  """Slots [start, start + block) of x as `dtype`, [B, block, K, H]: one
+  block of a loop that reads a cache block by block, `index` its loop index.
+
+  A bfloat16 slice must be converted one block at a time, inside the loop:
+  XLA:CPU has no bf16 arithmetic, its float normalization rewrites the bf16
+  dynamic-slice as convert(whole buffer) then a float32 slice, and the loop-
+  invariant convert is then hoisted out of the loop: a float32 copy of the
+  whole buffer per step, made before the first block is read. The
+  optimization barrier ties the buffer to the loop index (a no-op at run
+  time), so nothing that reads it is loop-invariant and the convert stays
+  fused with the slice, one block converted per iteration. A buffer already
+  in `dtype` has no convert to keep in the loop and is read as it is.
+  """
+  if x_BxSxKxH.dtype != jnp.dtype(dtype):
+    x_BxSxKxH, _ = jax.lax.optimization_barrier((x_BxSxKxH, index))
+  return jax.lax.dynamic_slice_in_dim(x_BxSxKxH, start, block, 1).astype(
+      dtype)
 
 
 def merge_states(a, b):
