@@ -188,6 +188,20 @@ def causal_blockwise_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array,
       compute_dtype)
 
 
+def per_iteration(tree, index: jax.Array):
+  """`tree` tied to the loop index `index` (a no-op at run time).
+
+  XLA hoists loop-invariant work out of a loop: a convert (bfloat16 storage,
+  bfloat16 scales) or an unpack applied to the whole buffer a loop body
+  slices becomes one pass over the whole buffer per step, before the first
+  block is read, whatever the number of blocks the loop runs. Read through
+  the optimization barrier, nothing the body computes from `tree` is
+  loop-invariant, so the work stays fused with each block's slice.
+  """
+  tree, _ = jax.lax.optimization_barrier((tree, index))
+  return tree
+
+
 def read_block(x_BxSxKxH: jax.Array, start: jax.Array, block: int,
                index: jax.Array, dtype) -> jax.Array:
   """Slots [start, start + block) of x as `dtype`, [B, block, K, H]: one
@@ -195,16 +209,12 @@ def read_block(x_BxSxKxH: jax.Array, start: jax.Array, block: int,
 
   A bfloat16 slice must be converted one block at a time, inside the loop:
   XLA:CPU has no bf16 arithmetic, its float normalization rewrites the bf16
-  dynamic-slice as convert(whole buffer) then a float32 slice, and the loop-
-  invariant convert is then hoisted out of the loop: a float32 copy of the
-  whole buffer per step, made before the first block is read. The
-  optimization barrier ties the buffer to the loop index (a no-op at run
-  time), so nothing that reads it is loop-invariant and the convert stays
-  fused with the slice, one block converted per iteration. A buffer already
-  in `dtype` has no convert to keep in the loop and is read as it is.
+  dynamic-slice as convert(whole buffer) then a float32 slice, and the
+  loop-invariant convert would be hoisted out of the loop (`per_iteration`).
+  A buffer already in `dtype` has no convert and is read as it is.
   """
   if x_BxSxKxH.dtype != jnp.dtype(dtype):
-    x_BxSxKxH, _ = jax.lax.optimization_barrier((x_BxSxKxH, index))
+    x_BxSxKxH = per_iteration(x_BxSxKxH, index)
   return jax.lax.dynamic_slice_in_dim(x_BxSxKxH, start, block, 1).astype(
       dtype)
 

@@ -64,7 +64,8 @@ import numpy as np
 from flax import struct
 
 from kvq_jax.cache import hadamard
-from kvq_jax.cache.attention import block_attention, merge_states
+from kvq_jax.cache.attention import (block_attention, merge_states,
+                                     per_iteration)
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.kernels.decode_attention import DEFAULT_BLOCK_K, decode_attention
 from kvq_jax.kernels.dispatch import (choose_implementation,
@@ -147,26 +148,56 @@ def empty_store(spec: QuantSpec | None, shape, dtype) -> Store:
                                 abstract)
 
 
-def _scatter_tokens(store: Store, rows: Store, slots_L: jax.Array,
-                    spec: QuantSpec | None, keep_L: jax.Array) -> Store:
-  """store[:, slots] = rows[:, :] for kept rows; [K, C, ...] per sequence."""
-  capacity = store.shape[-2]
-  index_L = jnp.where(keep_L, slots_L, capacity)  # out of range -> dropped.
+def _put_rows(dst: jax.Array, src: jax.Array, start: jax.Array,
+              end: jax.Array) -> jax.Array:
+  """dst[:, start:end] = src[:, :end - start] (one sequence, [K, C, ...]).
 
-  def put(dst, src, index):
-    return dst.at[:, index].set(src.astype(dst.dtype), mode="drop")
+  A scatter, except for one row into a bfloat16 leaf (scales, unquantized
+  tensors: a token-local decode step) on XLA:CPU: its float normalization
+  would convert the whole leaf to float32 and back around the scatter every
+  step (a pass over every slot, however few are filled), so the row is
+  selected into the leaf's uint16 view instead, as
+  `cache.dense.write_slots` does: bit-exact, and fused in place. Several
+  rows (prefill, a per-channel window's commit) still scatter: selecting
+  them would gather over every slot.
+  """
+  src = src.astype(dst.dtype)
+  if dst.dtype == jnp.bfloat16 and src.shape[1] == 1:
+    return jax.lax.platform_dependent(dst, src, start, end, cpu=_select_rows,
+                                      default=_scatter_rows)
+  return _scatter_rows(dst, src, start, end)
 
+
+def _scatter_rows(dst, src, start, end):
+  capacity, rows = dst.shape[1], src.shape[1]
+  row_L = jnp.arange(rows)
+  index_L = jnp.where(row_L < end - start, start + row_L, capacity)
+  return dst.at[:, index_L].set(src, mode="drop")  # out of range: dropped.
+
+
+def _select_rows(dst, src, start, end):
+  """`_put_rows` of one row: a select on the uint16 views."""
+  capacity = dst.shape[1]
+  offset_C = jnp.arange(capacity) - start
+  inside_C = (offset_C >= 0) & (offset_C < end - start)
+  bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16)
+  picked = jnp.broadcast_to(bits(src), dst.shape)
+  inside = inside_C.reshape((1, capacity) + (1,) * (dst.ndim - 2))
+  return jax.lax.bitcast_convert_type(jnp.where(inside, picked, bits(dst)),
+                                      jnp.bfloat16)
+
+
+def _commit_rows(store: Store, rows: Store, start: jax.Array, end: jax.Array,
+                 spec: QuantSpec | None) -> Store:
+  """Tokens [start, end) of storage <- rows [0, end - start) ([K, C, ...]
+  per sequence; start and end are multiples of the token group, so a
+  per-channel group's scale and zero commit only when it is whole)."""
   if spec is None:
-    return put(store, rows, index_L)
-  if spec.granularity == "per_channel":
-    g = spec.group_size
-    group_index = slots_L[::g] // g
-    group_keep = keep_L[g - 1::g]  # a group commits only when whole.
-    scale_index = jnp.where(group_keep, group_index, capacity // g)
-  else:
-    scale_index = index_L
-  return map_store(lambda d, r: put(d, r, index_L),
-                   lambda d, r: put(d, r, scale_index), store, rows)
+    return _put_rows(store, rows, start, end)
+  g = token_group(spec)
+  return map_store(lambda d, r: _put_rows(d, r, start, end),
+                   lambda d, r: _put_rows(d, r, start // g, end // g),
+                   store, rows)
 
 
 def _slice_store(store: Store, start: jax.Array, size: int,
@@ -404,8 +435,12 @@ class QuantizedLayerCache:
       """One sequence, one tensor; store/win/sink/new are [K, *, H]."""
       e, rows, qs, q1, new_win = fresh_tokens(win, n0, new, spec, qspec,
                                               flush, self.dtype)
-      tok_L = qs + jnp.arange(e.shape[1])
-      store = _scatter_tokens(store, rows, tok_L, qspec, tok_L < q1)
+      if t == 1 and flush < e.shape[1]:
+        # A decode step commits at most one flush block: [Q(n0), Q(n0) + F).
+        g = token_group(qspec)
+        rows = (rows[:, :flush] if qspec is None else map_store(
+            lambda x: x[:, :flush], lambda x: x[:, :flush // g], rows))
+      store = _commit_rows(store, rows, qs, q1, qspec)
       j_S = jnp.arange(s)
       fresh = new[:, jnp.clip(j_S - n0, 0, t - 1)]
       take = ((j_S >= n0) & (j_S < n0 + t))[None, :, None]
@@ -501,10 +536,11 @@ class QuantizedLayerCache:
 
     def body(index, carry):
       start = index * blk
-      kb = read_store(_slice_store(new_cache.k_store, start, blk, spec.k),
-                      spec.k)
-      vb = read_store(_slice_store(new_cache.v_store, start, blk, spec.v),
-                      spec.v)
+      # Unpacking and scale converts stay per block (`per_iteration`).
+      k_store, v_store = per_iteration(
+          (new_cache.k_store, new_cache.v_store), index)
+      kb = read_store(_slice_store(k_store, start, blk, spec.k), spec.k)
+      vb = read_store(_slice_store(v_store, start, blk, spec.v), spec.v)
       blk_tok_BxL = jnp.broadcast_to(start + jnp.arange(blk), (b, blk))
       kb = self._keys_for_scores(kb, blk_tok_BxL, rope)
       mask = ((blk_tok_BxL[:, None, :] >= s)
