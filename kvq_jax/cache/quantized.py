@@ -311,10 +311,19 @@ def layer_constants(spec: LayerSpec, head_dim: int) -> list:
   return out
 
 
+def storage_rows(e_KxLxH: jax.Array, qspec: QuantSpec | None,
+                 dtype) -> Store:
+  """Rows of E as storage receives them: quantized, or cast to `dtype` for
+  an unquantized tensor."""
+  e = e_KxLxH.astype(dtype)
+  return e if qspec is None else quantize(e, qspec)
+
+
 def fresh_tokens(win_KxWxH: jax.Array, n0: jax.Array, new_KxTxH: jax.Array,
                  spec: LayerSpec, qspec: QuantSpec | None, flush: int,
-                 dtype) -> tuple[jax.Array, Store, jax.Array, jax.Array,
-                                 jax.Array]:
+                 dtype, with_rows: bool = True
+                 ) -> tuple[jax.Array, Store, jax.Array, jax.Array,
+                            jax.Array]:
   """Step 1 of the module docstring, and step 2's quantization, for one
   sequence and one tensor (vmap over the batch).
 
@@ -328,8 +337,8 @@ def fresh_tokens(win_KxWxH: jax.Array, n0: jax.Array, new_KxTxH: jax.Array,
   Returns:
     (E [K, L, H] float32 holding tokens [Q(n0), Q(n0) + L), zero past n1;
      rows: E quantized (or cast to `dtype` for an unquantized tensor), the
-     rows storage receives; Q(n0); Q(n1); the new window [K, W, H] holding
-     tokens [Q(n1), n1), in spec.window_dtype).
+     rows storage receives, None unless `with_rows`; Q(n0); Q(n1); the new
+     window [K, W, H] holding tokens [Q(n1), n1), in spec.window_dtype).
   """
   w = win_KxWxH.shape[1]
   t = new_KxTxH.shape[1]
@@ -348,7 +357,7 @@ def fresh_tokens(win_KxWxH: jax.Array, n0: jax.Array, new_KxTxH: jax.Array,
                     ((0, 0), (0, size_e - w), (0, 0)))
   e = jnp.where((tok_L < n0)[None, :, None], win_pad, new[:, from_new])
   e = jnp.where((tok_L < n1)[None, :, None], e, 0)
-  rows = e.astype(dtype) if qspec is None else quantize(e.astype(dtype), qspec)
+  rows = storage_rows(e, qspec, dtype) if with_rows else None
   e_pad = jnp.pad(e, ((0, 0), (0, w), (0, 0)))
   new_win = jax.lax.dynamic_slice_in_dim(e_pad, q1 - qs, w, axis=1)
   return e, rows, qs, q1, new_win.astype(spec.window_dtype)
@@ -434,26 +443,40 @@ class QuantizedLayerCache:
     def one_tensor(store, win, sink, n0, new, qspec, flush):
       """One sequence, one tensor; store/win/sink/new are [K, *, H]."""
       e, rows, qs, q1, new_win = fresh_tokens(win, n0, new, spec, qspec,
-                                              flush, self.dtype)
-      if t == 1 and flush < e.shape[1]:
-        # A decode step commits at most one flush block: [Q(n0), Q(n0) + F).
-        g = token_group(qspec)
-        rows = (rows[:, :flush] if qspec is None else map_store(
-            lambda x: x[:, :flush], lambda x: x[:, :flush // g], rows))
-      store = _commit_rows(store, rows, qs, q1, qspec)
+                                              flush, self.dtype,
+                                              with_rows=t > 1)
+      if t > 1:
+        store = _commit_rows(store, rows, qs, q1, qspec)
       j_S = jnp.arange(s)
       fresh = new[:, jnp.clip(j_S - n0, 0, t - 1)]
       take = ((j_S >= n0) & (j_S < n0 + t))[None, :, None]
       new_sink = jnp.where(take, fresh.astype(wdtype), sink)
-      return store, new_win, new_sink, e, qs
+      return store, new_win, new_sink, e, qs, q1
+
+    def commit_block(store_B, e_B, qs_B, q1_B, qspec, flush):
+      """A decode step commits at most one flush block, E's first F rows
+      (tokens [Q(n0), Q(n0) + F)): only they are quantized, and with F > 1
+      (a per-channel group, a flush block) only in the steps that close
+      one (`lax.cond` over the batch), so a group is quantized once."""
+      def commit(store_B):
+        return jax.vmap(lambda st, e, qs, q1: _commit_rows(
+            st, storage_rows(e[:, :flush], qspec, self.dtype), qs, q1,
+            qspec))(store_B, e_B, qs_B, q1_B)
+      if flush == 1:
+        return commit(store_B)
+      return jax.lax.cond(jnp.any(q1_B > qs_B), commit, lambda x: x, store_B)
 
     out = {}
     for name, store, win, sink, new in (
         ("k", self.k_store, self.window_k, self.sink_k, k_new_BxKxTxH),
         ("v", self.v_store, self.window_v, self.sink_v, v_new_BxKxTxH)):
-      fn = lambda *a, q=getattr(spec, name), f=spec.flush(name): one_tensor(
-          *a, q, f)
-      out[name] = jax.vmap(fn)(store, win, sink, self.length_B, new)
+      qspec, flush = getattr(spec, name), spec.flush(name)
+      fn = lambda *a, q=qspec, f=flush: one_tensor(*a, q, f)
+      out[name] = list(jax.vmap(fn)(store, win, sink, self.length_B, new))
+      if t == 1:
+        out[name][0] = commit_block(out[name][0], out[name][3],
+                                    out[name][4], out[name][5], qspec,
+                                    flush)
     new_cache = self.replace(
         k_store=out["k"][0], v_store=out["v"][0], window_k=out["k"][1],
         window_v=out["v"][1], sink_k=out["k"][2], sink_v=out["v"][2],
