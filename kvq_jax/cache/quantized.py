@@ -187,6 +187,22 @@ def _select_rows(dst, src, start, end):
                                       jnp.bfloat16)
 
 
+def per_block_scales(stores, index: jax.Array):
+  """`stores` with their scales and zeros tied to the loop index
+  (`cache.attention.per_iteration`), so a storage loop converts them block
+  by block instead of converting the whole allocation's before the loop (a
+  pass over every slot per step, whatever the filled length). The codes
+  are left alone: XLA does not hoist their unpacking, and a barrier on them
+  stops the block's slice from fusing into its dequantization (measured:
+  1.8-2x slower steps)."""
+  def tie(store):
+    if not isinstance(store, QuantizedArray):
+      return store
+    scale, zero = per_iteration((store.scale, store.zero), index)
+    return dataclasses.replace(store, scale=scale, zero=zero)
+  return tuple(tie(store) for store in stores)
+
+
 def _commit_rows(store: Store, rows: Store, start: jax.Array, end: jax.Array,
                  spec: QuantSpec | None) -> Store:
   """Tokens [start, end) of storage <- rows [0, end - start) ([K, C, ...]
@@ -559,8 +575,7 @@ class QuantizedLayerCache:
 
     def body(index, carry):
       start = index * blk
-      # Unpacking and scale converts stay per block (`per_iteration`).
-      k_store, v_store = per_iteration(
+      k_store, v_store = per_block_scales(
           (new_cache.k_store, new_cache.v_store), index)
       kb = read_store(_slice_store(k_store, start, blk, spec.k), spec.k)
       vb = read_store(_slice_store(v_store, start, blk, spec.v), spec.v)
