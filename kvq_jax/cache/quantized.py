@@ -66,6 +66,8 @@ from flax import struct
 from kvq_jax.cache import hadamard
 from kvq_jax.cache.attention import (block_attention, merge_states,
                                      per_iteration)
+from kvq_jax.cache.folded_attention import (folded_block_attention,
+                                            folds_scales)
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.kernels.decode_attention import DEFAULT_BLOCK_K, decode_attention
 from kvq_jax.kernels.dispatch import (choose_implementation,
@@ -216,7 +218,7 @@ def _commit_rows(store: Store, rows: Store, start: jax.Array, end: jax.Array,
                    store, rows)
 
 
-def _slice_store(store: Store, start: jax.Array, size: int,
+def slice_store(store: Store, start: jax.Array, size: int,
                  spec: QuantSpec | None, fill: bool = False) -> Store:
   """Slots [start, start + size) of [B, K, C, ...] storage (start % g == 0).
 
@@ -556,7 +558,7 @@ class QuantizedLayerCache:
           new_cache.sink_v.astype(jnp.float32), causal(sink_tok_BxS)))
     if spec.flush_k != spec.flush_v:  # The mixed segment.
       hi_store = new_cache.k_store if hi == "k" else new_cache.v_store
-      dq_hi = read_store(_slice_store(hi_store, qs_lo_B, size_e,
+      dq_hi = read_store(slice_store(hi_store, qs_lo_B, size_e,
                                       getattr(spec, hi), fill=True),
                          getattr(spec, hi))
       # Full-precision keys (lo = k) are the window's, already rotated.
@@ -572,19 +574,26 @@ class QuantizedLayerCache:
     # Quantized storage [S, Q_lo(i + 1)), block by block up to the longest.
     blk = spec.block_size
     num_blocks = self.allocated_slots // blk
+    # Post-RoPE per-token storage: scales folded out of the dots.
+    fold = (spec.key_rope == "post" and folds_scales(spec.k)
+            and folds_scales(spec.v))
 
     def body(index, carry):
       start = index * blk
       k_store, v_store = per_block_scales(
           (new_cache.k_store, new_cache.v_store), index)
-      kb = read_store(_slice_store(k_store, start, blk, spec.k), spec.k)
-      vb = read_store(_slice_store(v_store, start, blk, spec.v), spec.v)
+      kb = slice_store(k_store, start, blk, spec.k)
+      vb = slice_store(v_store, start, blk, spec.v)
       blk_tok_BxL = jnp.broadcast_to(start + jnp.arange(blk), (b, blk))
-      kb = self._keys_for_scores(kb, blk_tok_BxL, rope)
       mask = ((blk_tok_BxL[:, None, :] >= s)
               & (blk_tok_BxL[:, None, :] < lo_end_BxT[:, :, None])
               & causal(blk_tok_BxL))  # Implied by Q_lo(i + 1) <= i + 1.
-      return merge_states(carry, block_attention(q_BxKxGxTxH, kb, vb, mask))
+      if fold:
+        return merge_states(carry, folded_block_attention(
+            q_BxKxGxTxH, kb, vb, mask))
+      kb = self._keys_for_scores(read_store(kb, spec.k), blk_tok_BxL, rope)
+      return merge_states(carry, block_attention(
+          q_BxKxGxTxH, kb, read_store(vb, spec.v), mask))
 
     if t == 1 and self._decode_impl(q_BxTxNxH, lo_end_BxT[:, 0]) == "pallas":
       state = merge_states(state, self._storage_state_pallas(
