@@ -1,7 +1,7 @@
 r"""Where one layer's decode-step storage read spends its time.
 
   python -m experiments.profile_read --kinds=bf16,float32,int8,q4_0 \
-      --contexts=4096,16384 [--repeats=7] [--json=FILE]
+      --contexts=4096,16384 [--block=256] [--repeats=7] [--json=FILE]
 
 Per kind and context: the slice + dequantize work alone ("read"), the
 block-attention loop as the cache runs it ("attend") and dequantizing
@@ -26,6 +26,8 @@ _KINDS = flags.DEFINE_list("kinds", ["bf16", "float32", "int8", "q4_0"],
 _CONTEXTS = flags.DEFINE_list("contexts", ["4096", "16384"],
                               "Tokens held (multiples of 256).")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed repeats (median).")
+_BLOCK = flags.DEFINE_integer("block", 256, "Tokens per loop iteration (the "
+                              "cache's block_size; 256 by default).")
 _JSON = flags.DEFINE_string("json", None, "Also write the rows here.")
 
 
@@ -36,7 +38,7 @@ def main(argv):
   print(machine_description())
   rows = []
   for context in int_list(_CONTEXTS):
-    rows += profile_storage_read(_KINDS.value, context,
+    rows += profile_storage_read(_KINDS.value, context, block=_BLOCK.value,
                                  repeats=_REPEATS.value)
   print("| context | kind | bytes read (KiB) | read ms (GB/s) "
         "| attend ms (GB/s) | attend, dequantized ms |")

@@ -107,7 +107,8 @@ def profile_storage_read(kinds, context: int, *, num_kv_heads: int = 3,
     (ks, kspec), (vs, vspec) = _storage(kind, k), _storage(kind, v)
     size = sum(x.nbytes if spec is None else nbytes(x)
                for x, spec in ((ks, kspec), (vs, vspec)))
-    row = {"kind": kind, "context": context, "bytes_read": int(size)}
+    row = {"kind": kind, "context": context, "block": block,
+           "bytes_read": int(size)}
     for name, loop in loops.items():
       fn = jax.jit(lambda q, ks, vs, loop=loop: loop(q, ks, kspec, vs, vspec))
       seconds = time_fn(fn, q, ks, vs, repeats=repeats)
