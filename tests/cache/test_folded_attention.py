@@ -58,7 +58,8 @@ def test_equals_block_attention_on_dequantized_blocks(bits):
 
 
 def test_int8_cache_decode_matches_the_dequantized_path(monkeypatch):
-  """A cache of 300 tokens (two 256-slot blocks), then one decode step."""
+  """A cache of 300 tokens (two 256-slot blocks), then one decode step
+  read both ways."""
   spec = CacheSpec(k=INT8, v=INT8, hadamard_v=True).layer(0)
   rope = Rope(theta=10000.0, rotary_dim=H)
   rng = np.random.default_rng(0)
@@ -69,12 +70,10 @@ def test_int8_cache_decode_matches_the_dequantized_path(monkeypatch):
   prefill = (ids(n), kv(n), kv(n), jnp.arange(n)[None])
   step = (ids(1), kv(1), kv(1), jnp.full((1, 1), n))
 
-  def run():
-    cache = QuantizedLayerCache.create(spec, 1, 512, K, H)
-    _, cache = cache.attend(*prefill, rope)
-    out, _ = cache.attend(*step, rope)
-    return np.asarray(out)
-
-  folded = run()
+  _, cache = QuantizedLayerCache.create(spec, 1, 512, K, H).attend(
+      *prefill, rope)
+  folded, _ = cache.attend(*step, rope)
   monkeypatch.setattr(quantized, "folds_scales", lambda s: False)
-  np.testing.assert_allclose(folded, run(), rtol=1e-5, atol=1e-5)
+  dequantized, _ = cache.attend(*step, rope)
+  np.testing.assert_allclose(np.asarray(folded), np.asarray(dequantized),
+                             rtol=1e-5, atol=1e-5)

