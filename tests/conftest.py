@@ -11,9 +11,19 @@ and collect garbage so the next module starts from what it allocates.
 from __future__ import annotations
 
 import gc
+import os
 
-import jax
-import pytest
+# Compile time dominates this suite (hundreds of small XLA programs). LLVM's
+# expensive passes buy run time the tests do not need: measured 10% less
+# wall time on tests/cache/test_split_flush.py + test_sliding_window.py
+# (117.5 s vs 130.5 s, one run each), every pinned value unchanged. Set
+# before the first use of a JAX backend, which reads XLA_FLAGS once.
+os.environ["XLA_FLAGS"] = " ".join(
+    filter(None, (os.environ.get("XLA_FLAGS", ""),
+                  "--xla_llvm_disable_expensive_passes=true")))
+
+import jax  # pylint: disable=wrong-import-position
+import pytest  # pylint: disable=wrong-import-position
 
 
 @pytest.fixture(scope="module", autouse=True)
