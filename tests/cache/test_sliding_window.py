@@ -218,7 +218,7 @@ def test_chunked_prefill_equals_token_by_token(name):
 def test_ragged_batch_matches_single_sequences():
   """Sequences at different lengths in one batch (rings at different
   phases): concatenate two B=1 caches, decode, compare with each alone."""
-  window, spec = CASES["kivi_r8_w6"]
+  window, spec = CASES["k_only_pc4_r5"]
   make = lambda: SlidingQuantizedLayerCache.create(spec.layer(0), 1,
                                                    CAPACITY, K, H,
                                                    sliding_window=window)
@@ -251,7 +251,7 @@ def test_ragged_batch_matches_single_sequences():
 def test_quantization_is_active_on_the_ring():
   """The quantized rings really serve dequantized tokens (vs dense)."""
   dense = _outputs("dense")["ring_decode"]
-  error = np.abs(_outputs("kivi_r8_w6")["ring_decode"] - dense).max()
+  error = np.abs(_outputs("k_only_pc4_r5")["ring_decode"] - dense).max()
   assert error > 1e-2
 
 
