@@ -17,6 +17,8 @@ states with `merge_states` (log-sum-exp).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -127,17 +129,61 @@ def block_attention(q_BxKxGxTxH: jax.Array, k_BxKxLxH: jax.Array,
   with no visible key gives max = MASK_VALUE, sum 0 and zero values, which
   `merge_states` weighs out.
   """
-  scores = jnp.einsum("bkgth,bklh->bkgtl", q_BxKxGxTxH, k_BxKxLxH,
-                      preferred_element_type=jnp.float32)
+  return planar_block_attention(q_BxKxGxTxH, (k_BxKxLxH,), (v_BxKxLxH,),
+                                mask_BxTxL)
+
+
+def planar_block_attention(q_BxKxGxTxH: jax.Array, k_planes, v_planes,
+                           mask_BxTxL: jax.Array,
+                           v_bad_BxKxL: jax.Array | None = None):
+  """`block_attention` with keys and values given as bit planes.
+
+  `k_planes` is a tuple of P_k arrays [B, K, L, H / P_k], plane j holding
+  head_dim elements j, j + P_k, ... (`quant.planes`; one plane is the plain
+  block), `v_planes` likewise with P_v. The scores are the sum of one dot
+  per key plane with the matching strided query; each value plane gives
+  the strided part of the weighted values. Same state as `block_attention`
+  of the interleaved blocks, up to float summation order.
+
+  `v_bad_BxKxL` marks the value rows known to be non-finite (a quantized
+  row with a NaN/Inf scale or zero), already zeroed in the planes: a query
+  that attends to one gets NaN, as in `block_attention`, without a pass over
+  every plane element. None: the rows are found in the planes
+  (`split_nonfinite_planes`).
+  """
+  pk = len(k_planes)
+  scores = sum(jnp.einsum("bkgth,bklh->bkgtl", q_BxKxGxTxH[..., j::pk], kp,
+                          preferred_element_type=jnp.float32)
+               for j, kp in enumerate(k_planes))
   mask = mask_BxTxL[:, None, None]
   scores = jnp.where(mask, scores, MASK_VALUE)
   m = jnp.max(scores, axis=-1)
   p = jnp.where(mask, jnp.exp(scores - m[..., None]), 0.0)
-  v_BxKxLxH, sees_bad_BxKxT = split_nonfinite(v_BxKxLxH, 2, 1, mask_BxTxL)
-  acc = jnp.einsum("bkgtl,bklh->bkgth", p, v_BxKxLxH,
-                   preferred_element_type=jnp.float32)
+  if v_bad_BxKxL is None:
+    v_planes, sees_bad_BxKxT = split_nonfinite_planes(v_planes, mask_BxTxL)
+  else:
+    sees_bad_BxKxT = jnp.any(mask_BxTxL[:, None] & v_bad_BxKxL[:, :, None],
+                             axis=-1)
+  accs = [jnp.einsum("bkgtl,bklh->bkgth", p, vp,
+                     preferred_element_type=jnp.float32) for vp in v_planes]
+  acc = accs[0] if len(accs) == 1 else jnp.stack(accs, axis=-1).reshape(
+      accs[0].shape[:-1] + (-1,))
   acc = jnp.where(sees_bad_BxKxT[:, :, None, :, None], jnp.nan, acc)
   return m, jnp.sum(p, axis=-1), acc
+
+
+def split_nonfinite_planes(v_planes, mask_BxTxL: jax.Array):
+  """`split_nonfinite` of heads-major value planes [B, K, L, H / P]: the
+  planes with NaN/Inf rows zeroed, and bool [B, K, T] (a query sees a row
+  that is non-finite in any plane)."""
+  finite = [jnp.isfinite(vp) for vp in v_planes]
+  bad_BxKxL = ~functools.reduce(jnp.logical_and,
+                                [jnp.all(f, axis=-1) for f in finite])
+  sees_bad_BxKxT = jnp.einsum(
+      "btl,bkl->bkt", mask_BxTxL.astype(jnp.float32),
+      bad_BxKxL.astype(jnp.float32)) > 0
+  return (tuple(jnp.where(f, vp, 0) for f, vp in zip(finite, v_planes)),
+          sees_bad_BxKxT)
 
 
 def causal_blockwise_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array,

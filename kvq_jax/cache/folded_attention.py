@@ -12,8 +12,9 @@ the dots the codes as unpacked. `experiments.profile_read` times both
 loops per format (attend_ms: the cache's path; attend_dequantized_ms: the
 dequantize-then-dot loop), figures in WORKSPACE.md "Decode speed on this
 CPU". Per-group layouts (q4_0, int4_g32: several scales per vector) are
-left on the dequantize path: folding their scales measured no gain, so
-only per-token formats take this one (`folds_scales`).
+read as bit planes instead (`quant.planes`, `attention.
+planar_block_attention`): folding their scales measured no gain, so only
+per-token formats take this path (`folds_scales`).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ from flax import struct
 
 from kvq_jax.cache import hadamard
 from kvq_jax.cache.attention import (block_attention, merge_states,
-                                     per_iteration)
+                                     per_iteration, planar_block_attention)
 from kvq_jax.cache.folded_attention import (folded_block_attention,
                                             folds_scales)
 from kvq_jax.cache.spec import LayerSpec
@@ -76,6 +76,8 @@ from kvq_jax.kernels.dispatch import (choose_implementation,
 from kvq_jax.models.rope import Rope
 from kvq_jax.quant import (QuantizedArray, QuantSpec, constant_arrays,
                            dequantize, quantize)
+from kvq_jax.quant.planes import (dequantize_planes, nonfinite_rows,
+                                  plane_count)
 
 Store = QuantizedArray | jax.Array
 
@@ -246,6 +248,42 @@ def read_store(store: Store, spec: QuantSpec | None) -> jax.Array:
       jnp.float32)
 
 
+def read_planes(store: Store, spec: QuantSpec | None) -> tuple[jax.Array, ...]:
+  """A block as float32 bit planes where its format packs several codes in
+  a byte (`quant.planes`), else as one dequantized plane."""
+  if plane_count(spec) > 1:
+    return dequantize_planes(store)
+  return (read_store(store, spec),)
+
+
+def read_value_planes(store: Store, spec: QuantSpec | None):
+  """(planes, bad rows or None): `read_planes` of a value block, and for bit
+  planes the rows with a non-finite scale or zero, zeroed in the planes
+  (`planar_block_attention`'s v_bad). Keys are not zeroed: a query that
+  sees a non-finite key gets a NaN score."""
+  planes = read_planes(store, spec)
+  if len(planes) == 1:
+    return planes, None
+  bad = nonfinite_rows(store)
+  return tuple(jnp.where(bad[..., None], 0.0, x) for x in planes), bad
+
+
+def pre_rope_key_planes(spec: LayerSpec, kb: Store, rope: Rope,
+                        cos_L: jax.Array, sin_L: jax.Array):
+  """A block of stored pre-RoPE keys, each rotated by its offset l in the
+  block ((cos, sin) [L, rotary_dim/2] of the offsets): as bit planes, each
+  turned by its strided angles (`Rope.rotate`), when the keys need nothing
+  else undone and the pairs stay inside a plane; else as one plane."""
+  p = plane_count(spec.k)
+  if (p > 1 and not spec.hadamard_k and spec.key_affine is None
+      and cos_L.shape[-1] % p == 0):
+    planes = read_planes(kb, spec.k)
+    return tuple(rope.rotate(x, cos_L[:, j::p], sin_L[:, j::p])
+                 for j, x in enumerate(planes))
+  return (rope.rotate(unrotated_keys(spec, read_store(kb, spec.k)), cos_L,
+                      sin_L),)
+
+
 def incoming_tokens(spec: LayerSpec, k_BxTxKxH: jax.Array,
                     v_BxTxKxH: jax.Array, positions_BxT: jax.Array,
                     rope: Rope) -> tuple[jax.Array, jax.Array]:
@@ -300,12 +338,19 @@ def keys_for_scores(spec: LayerSpec, k_BxKxLxH: jax.Array,
   `check_positions`), after undoing their Hadamard rotation.
   """
   if spec.key_rope == "pre":
-    if spec.hadamard_k:
-      k_BxKxLxH = hadamard.unrotate(k_BxKxLxH, spec.rotation_key)
-    if spec.key_affine is not None:
-      k_BxKxLxH = spec.key_affine.denormalize(k_BxKxLxH)
-    k_BxLxKxH = rope(jnp.swapaxes(k_BxKxLxH, 1, 2), tokens_BxL)
+    k_BxLxKxH = rope(jnp.swapaxes(unrotated_keys(spec, k_BxKxLxH), 1, 2),
+                     tokens_BxL)
     return jnp.swapaxes(k_BxLxKxH, 1, 2).astype(jnp.float32)
+  return k_BxKxLxH
+
+
+def unrotated_keys(spec: LayerSpec, k_BxKxLxH: jax.Array) -> jax.Array:
+  """Stored pre-RoPE keys with their Hadamard rotation and key affine
+  undone: the keys RoPE is applied to."""
+  if spec.hadamard_k:
+    k_BxKxLxH = hadamard.unrotate(k_BxKxLxH, spec.rotation_key)
+  if spec.key_affine is not None:
+    k_BxKxLxH = spec.key_affine.denormalize(k_BxKxLxH)
   return k_BxKxLxH
 
 
@@ -578,6 +623,11 @@ class QuantizedLayerCache:
     fold = (spec.key_rope == "post" and folds_scales(spec.k)
             and folds_scales(spec.v))
 
+    # Pre-RoPE keys: the query is rotated back by the block's start and the
+    # keys forward by their offset in it, from one table (no cos/sin of
+    # every token per step; `Rope.rotate`).
+    offsets_cos, offsets_sin = rope.cos_sin(jnp.arange(blk))
+
     def body(index, carry):
       start = index * blk
       k_store, v_store = per_block_scales(
@@ -591,9 +641,16 @@ class QuantizedLayerCache:
       if fold:
         return merge_states(carry, folded_block_attention(
             q_BxKxGxTxH, kb, vb, mask))
-      kb = self._keys_for_scores(read_store(kb, spec.k), blk_tok_BxL, rope)
-      return merge_states(carry, block_attention(
-          q_BxKxGxTxH, kb, read_store(vb, spec.v), mask))
+      q = q_BxKxGxTxH
+      if spec.key_rope == "pre":
+        q = rope.rotate(q, *rope.cos_sin(-start))
+        k_planes = pre_rope_key_planes(spec, kb, rope, offsets_cos,
+                                       offsets_sin)
+      else:
+        k_planes = read_planes(kb, spec.k)
+      v_planes, v_bad = read_value_planes(vb, spec.v)
+      return merge_states(carry, planar_block_attention(
+          q, k_planes, v_planes, mask, v_bad))
 
     if t == 1 and self._decode_impl(q_BxTxNxH, lo_end_BxT[:, 0]) == "pallas":
       state = merge_states(state, self._storage_state_pallas(

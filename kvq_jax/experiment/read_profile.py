@@ -9,9 +9,10 @@ block by block as `QuantizedLayerCache` reads it (`slice_store`,
             attention: the unpack / convert / scale work alone;
   * attend: the full loop as the cache runs it (dequantize, scores, online
             softmax, values; per-token formats with their scales folded out
-            of the dots, `cache.folded_attention`);
-  * attend_dequantized: the same loop dequantizing every format (equal to
-            attend where nothing folds).
+            of the dots, `cache.folded_attention`; 2- and 4-bit formats read
+            as bit planes, `quant.planes`);
+  * attend_dequantized: the same loop dequantizing every block to one
+            interleaved float32 block (the path before bit planes).
 
 Per kind the rows give both times, the bytes the step reads (codes +
 scales, or the full-precision buffer) and the bandwidth they imply, so a
@@ -26,10 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kvq_jax.cache.attention import block_attention, merge_states
+from kvq_jax.cache.attention import (block_attention, merge_states,
+                                     planar_block_attention)
 from kvq_jax.cache.folded_attention import (folded_block_attention,
                                             folds_scales)
-from kvq_jax.cache.quantized import slice_store, read_store
+from kvq_jax.cache.quantized import (read_planes, read_store,
+                                     read_value_planes, slice_store)
 from kvq_jax.cache.spec import to_cache_layout
 from kvq_jax.experiment.short_specs import parse_short_spec
 from kvq_jax.experiment.timing import time_fn
@@ -71,6 +74,10 @@ def _loops(num_blocks: int, block: int):
         mask = jnp.ones((b, t, block), bool)
         if folded:
           return merge_states(state, folded_block_attention(q, kb, vb, mask))
+        if fold:  # The cache's path: bit planes where the format has them.
+          v_planes, v_bad = read_value_planes(vb, vspec)
+          return merge_states(state, planar_block_attention(
+              q, read_planes(kb, kspec), v_planes, mask, v_bad))
         return merge_states(state, block_attention(
             q, read_store(kb, kspec), read_store(vb, vspec), mask))
 

@@ -29,14 +29,32 @@ class Rope:
     """Rotation angles [B, T, rotary_dim/2] in float32."""
     return positions_BxT.astype(jnp.float32)[..., None] * self.inverse_frequencies()
 
+  def cos_sin(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(cos, sin) of the angles at `positions` ([..., rotary_dim/2])."""
+    angles = self.angles(positions)
+    return jnp.cos(angles), jnp.sin(angles)
+
+  def rotate(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [..., head_dim] rotated by the angles whose (cos, sin) are given,
+    in float32: with cos, sin [..., n] (broadcast against x's leading
+    axes; n = rotary_dim/2 from `cos_sin`) the pairs (x[i], x[i + n]) for
+    i < n turn, elements from 2n on pass through.
+
+    Rotations compose: rotate by position a then b is rotate by a + b, and
+    the inverse is rotate by -a, so q . R(s + l) k = R(-s) q . R(l) k (the
+    quantized caches read pre-RoPE keys block by block that way). A strided
+    view x[..., j::P] (a bit plane, `quant.planes`) turns with the strided
+    angles cos[..., j::P] when P divides n: its pairs stay inside it.
+    """
+    half = cos.shape[-1]
+    x = x.astype(jnp.float32)
+    x1, x2 = x[..., :half], x[..., half:2 * half]
+    return jnp.concatenate(
+        [x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., 2 * half:]],
+        axis=-1)
+
   def __call__(self, x_BxTxNxH: jax.Array, positions_BxT: jax.Array) -> jax.Array:
     """Rotates x at the given absolute positions; returns x's dtype."""
-    half = self.rotary_dim // 2
-    angles_BxTx1xR = self.angles(positions_BxT)[:, :, None, :]
-    cos, sin = jnp.cos(angles_BxTx1xR), jnp.sin(angles_BxTx1xR)
-    x = x_BxTxNxH.astype(jnp.float32)
-    x1, x2 = x[..., :half], x[..., half:self.rotary_dim]
-    rotated = jnp.concatenate(
-        [x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., self.rotary_dim:]],
-        axis=-1)
-    return rotated.astype(x_BxTxNxH.dtype)
+    cos, sin = self.cos_sin(positions_BxT)
+    return self.rotate(x_BxTxNxH, cos[:, :, None, :],
+                       sin[:, :, None, :]).astype(x_BxTxNxH.dtype)

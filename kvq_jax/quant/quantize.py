@@ -405,6 +405,26 @@ def dequantize(qa: QuantizedArray, dtype=None) -> jax.Array:
   return _with_outliers(out.reshape(shape), qa).astype(out_dtype)
 
 
+def element_scales(qa: QuantizedArray) -> tuple[jax.Array, jax.Array | None]:
+  """(scale, zero or None) of every element of `qa`'s logical shape, float32.
+
+  The per-group statistics broadcast to the elements they scale (a view for
+  code that reconstructs part of the tensor itself, `quant.planes`):
+  dequantize(qa) == codes * scale (+ zero) elementwise, for scaled integer
+  formats without outliers.
+  """
+  spec = qa.spec
+  shape = qa.shape
+  grouping = _grouping(shape, spec)
+
+  def expand(stored):
+    full = jnp.broadcast_to(_for_groups(stored, grouping),
+                            shape if grouping is None else grouping[0])
+    return full.reshape(shape)
+
+  return expand(qa.scale), (expand(qa.zero) if spec.has_zero else None)
+
+
 def _with_outliers(out: jax.Array, qa: QuantizedArray) -> jax.Array:
   """`out` with the stored outliers written back (no-op without them)."""
   if qa.outlier_value is None:

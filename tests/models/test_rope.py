@@ -52,3 +52,20 @@ def test_rope_dot_product_depends_only_on_relative_position(m, n, shift, seed):
 
   np.testing.assert_allclose(score(m, n), score(m + shift, n + shift),
                              rtol=1e-3, atol=1e-3)
+
+
+def test_rotations_compose_block_by_block():
+  """q . R(s + l) k == R(-s) q . R(l) k: how the quantized caches read
+  pre-RoPE keys (one offset table per block, the query rotated back by the
+  block's start)."""
+  rope = Rope(theta=10000.0, rotary_dim=48)  # Partial: 16 dims pass through.
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.standard_normal((64,)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((32, 64)), jnp.float32)
+  start = 5000
+  offsets = jnp.arange(32)
+  want = rope(k[None, :, None, :], (start + offsets)[None])[0, :, 0] @ q
+  got = (rope.rotate(k, *rope.cos_sin(offsets))
+         @ rope.rotate(q, *rope.cos_sin(jnp.asarray(-start))))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-3,
+                             atol=2e-3)
