@@ -1,7 +1,9 @@
 """The Pallas decode kernel inside QuantizedLayerCache (attention_impl).
 
-A tiny two-layer decoder is prefilled once on the XLA path; the cache is then
-copied with `attention_impl="pallas"` and both copies decode the same tokens.
+A tiny two-layer decoder reads a prompt on the XLA path (token by token:
+the decode step compiles anyway, a prefill would be one more compile per
+case); the cache is then copied with `attention_impl="pallas"` and both
+copies decode the same tokens.
 The two paths read the same packed storage and differ only in float summation
 order, so their logits must agree to ~1e-5. The kernel runs in the Pallas
 interpreter here (interpret=True; on the cpu backend also the auto default).
@@ -85,7 +87,8 @@ def _with_impl(cache: list, **changes) -> list:
 def _decode_both(runtime: Runtime, spec: CacheSpec, **pallas_changes):
   """Logits [STEPS, B, V] of the XLA cache and of its pallas copy."""
   cache_x = init_cache(CONFIG, BATCH, CAPACITY, spec)
-  _, cache_x = runtime.prefill(_tokens((BATCH, PROMPT), 0), cache_x)
+  for token_B in _tokens((BATCH, PROMPT), 0).T:  # == a prefill (tests/cache).
+    _, cache_x = runtime.decode(token_B, cache_x)
   cache_p = _with_impl(cache_x, **pallas_changes)
   steps = _tokens((STEPS, BATCH), 1)
   out_x, out_p = [], []
@@ -159,15 +162,20 @@ def test_layer_attend_ragged_lengths_match_xla():
   spec = CacheSpec(k=INT2_ASYM, v=INT4_G32, sink=8, residual=2, flush_block=2,
                    block_size=16).layer(0)
   cache = QuantizedLayerCache.create(spec, 3, 64, 2, 32)
-  _, cache = _attend(cache, *_inputs(3, 40),
-                     jnp.broadcast_to(jnp.arange(40), (3, 40)))
+  # 40 tokens in decode steps (== a prefill): the XLA step below is this
+  # very program, so nothing compiles for the fill.
+  xla_step = jax.jit(lambda c, *a: c.attend(*a, ROPE))
+  q, k, v = _inputs(3, 40)
+  for i in range(40):
+    _, cache = xla_step(cache, q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1],
+                        jnp.full((3, 1), i, jnp.int32))
   # Per-sequence lengths: the storage segment [S, Q(n0 + 1)) the kernel reads
   # is [8, 38), [8, 22) and empty (n0 = 5 < S). The buffers are not a
   # streaming history for the rolled-back sequences, but both paths read
   # the same buffers, so they must agree.
   cache = cache.replace(length_B=jnp.array([40, 23, 5], jnp.int32))
   step = (*_inputs(3, 1, seed=4), cache.length_B[:, None])
-  want, _ = _attend(cache, *step)
+  want, _ = xla_step(cache, *step)
   got, new_cache = _attend(
       _with(cache, attention_impl="pallas", interpret=True), *step)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -68,16 +68,18 @@ def test_forward_matches_transformers_argmax(model):
 
 
 def test_wikitext2_baseline_perplexity_is_pinned(model):
-  """2 windows of BOS + 511 text tokens, second half, float32 (2, not 4,
-  to keep CI inside its budget).
+  """The first window of BOS + 511 text tokens, second half, float32 (1
+  window, not 4, to keep CI inside its budget: each costs ~6 s, the output
+  head is 262k wide).
 
-  Measured with this code on a 2-core CPU: 15.586167721023816 (4 windows:
+  Measured with this code on a 2-core CPU: 11.519010441716912 (2 windows:
+  15.586167721023816, pinned as 15.5862 before; 4 windows:
   15.138138063640804; transformers 5.24 on the same GGUF and ids,
   scripts/reference/hf_window_nll.py, 40 windows, agreed to mean |dNLL|
   4.2e-6 nats, argmax 100%).
   """
-  windows = real_wikitext.first_windows(model, num_windows=2)
-  assert windows[:, 0].tolist() == [2] * 2  # BOS starts every window.
+  windows = real_wikitext.first_windows(model, num_windows=1)
+  assert windows[:, 0].tolist() == [2]  # BOS starts the window.
   assert windows[0, 1:4].tolist() == [236743, 107, 578]  # " ", "\n", " ="
   ppl = real_wikitext.baseline_ppl(model, windows)
-  assert round(ppl, 4) == 15.5862, ppl
+  assert round(ppl, 4) == 11.519, ppl

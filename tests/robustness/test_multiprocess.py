@@ -46,8 +46,10 @@ def _free_port() -> int:
 
 def _start_both(root: pathlib.Path, model: str, text: str) -> list[dict]:
   """Starts processes 0 and 1; returns their records (see `_wait`)."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu", KVQ_JAX_CACHE=str(root / "cache"))
+  # The suite's own XLA flags (tests/conftest.py: faster compiles) too.
+  flags = os.environ.get("XLA_FLAGS", "")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", KVQ_JAX_CACHE=str(root / "cache"),
+             XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=2")
   for key in [k for k in env if "_proxy" in k.lower()
               or k == "JAX_COORDINATOR_ADDRESS"]:
     env.pop(key)  # A proxy can hang the localhost coordinator (JAX warns).
