@@ -22,6 +22,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from kvq_jax.quant.planes import interleave_planes
+
 # Large negative logit for masked slots: exp() underflows to exactly 0 while
 # staying finite, so no inf - inf = NaN can appear. Every query row sees at
 # least its own slot, so a row is never fully masked.
@@ -166,8 +168,7 @@ def planar_block_attention(q_BxKxGxTxH: jax.Array, k_planes, v_planes,
                              axis=-1)
   accs = [jnp.einsum("bkgtl,bklh->bkgth", p, vp,
                      preferred_element_type=jnp.float32) for vp in v_planes]
-  acc = accs[0] if len(accs) == 1 else jnp.stack(accs, axis=-1).reshape(
-      accs[0].shape[:-1] + (-1,))
+  acc = accs[0] if len(accs) == 1 else interleave_planes(accs)
   acc = jnp.where(sees_bad_BxKxT[:, :, None, :, None], jnp.nan, acc)
   return m, jnp.sum(p, axis=-1), acc
 
