@@ -4,12 +4,18 @@ r"""One decode step of a registered model's shapes vs context and cache kind.
   python -m experiments.bench_decode --model=gemma3-270m --max_context=8192
   python -m experiments.bench_decode --kinds=bf16,float32,int8,tq4 \
       --contexts=1024,16384 --batch=1,8 --json=runs/bench/decode.json
+  python -m experiments.bench_decode --kinds=bf16,int8,q4_0 \
+      --contexts=16384 --rounds=3   # interleaved rounds, per-round ratios
 
 Kinds: bf16 / float32 (dense) or any preset name (its cache spec and dtype).
 Prints time per step (median), XLA temporaries of the compiled step, the
 cache bytes (every cache leaf) and effective bits, with ratios to the
 fastest full-precision cache at the same context and batch; every kind at
-one context gets the same number of slots. --json writes the rows.
+one context gets the same number of slots. --rounds=R > 1 times the kinds
+of a context in turn R times (all held at once: memory for every kind's
+cache) and adds the range of the per-round ratios, each round against
+its own fastest full-precision step. --json writes the rows (with
+round_seconds, each round's median).
 The weights are random float32 of the model's real shapes (`--model`, a
 registered name or a checkpoint path, read for its metadata only; timing and
 memory do not depend on the values); the cache contents are zeros. Sliding-
@@ -63,6 +69,10 @@ _KINDS = flags.DEFINE_list("kinds", list(DEFAULT_KINDS),
 _BATCH = flags.DEFINE_list("batch", ["1"], "Sequences per step (a list).")
 _JSON = flags.DEFINE_string("json", None, "Also write the rows to this file.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps (median).")
+_ROUNDS = flags.DEFINE_integer(
+    "rounds", 1, "Timing rounds: with R > 1 all kinds of a context are "
+    "compiled and held at once, then timed in turn R times; the table adds "
+    "the range of the per-round ratios (`decode_bench`).")
 _GENERATE = flags.DEFINE_bool(
     "generate", False,
     "Benchmark prefill + --new_tokens greedy decode steps per kind/context "
@@ -91,11 +101,14 @@ def main(argv):
   if _GENERATE.value:
     _generate(runtime, contexts, batches)
     return
-  print(f"median of {_REPEATS.value} steps")
+  print(f"median of {_REPEATS.value} steps"
+        + (f", {_ROUNDS.value} interleaved rounds (median of the round "
+           "medians)" if _ROUNDS.value > 1 else ""))
   rows = []
   for batch in batches:
     rows += decode_bench.run(runtime, _KINDS.value, contexts,
-                             batch_size=batch, repeats=_REPEATS.value)
+                             batch_size=batch, repeats=_REPEATS.value,
+                             rounds=_ROUNDS.value)
   print(decode_bench.format_table(rows))
   if _JSON.value:
     print(f"rows: {decode_bench.write_rows(_JSON.value, _MODEL.value, rows)}")

@@ -12,6 +12,15 @@ The jitted decode step of `models.runtime` is lowered and compiled once;
 `memory_analysis()` of that executable gives the XLA temporaries, and the
 same executable is timed (median of `repeats` steps, the cache threaded
 through because it is donated).
+
+With `rounds` R > 1, every kind of one context is compiled and allocated
+first, then timed R times in turn (round r times every kind once, in
+order), so a drift of the machine's speed over the run reaches every kind
+alike. A row then keeps each round's median (`round_seconds`), and
+`format_table` gives, beside the ratio of the medians, the range of the
+per-round ratios: each round's step against the same round's fastest
+full-precision step (a paired spread; the 2-core machine's speed was seen
+to move by 20% between runs of one command).
 """
 
 from __future__ import annotations
@@ -49,6 +58,9 @@ class Row:
   temp_bytes: int  # XLA temporaries of the compiled decode step.
   cache_bytes: int  # Every leaf of the cache (storage + fp buffers).
   effective_bits: float  # Per K/V element held at `context` (memory).
+  # Median seconds of each timing round (`run(..., rounds=R)`); one entry
+  # per round, seconds_median is their median.
+  round_seconds: tuple[float, ...] = ()
 
 
 def leaf_bytes(tree) -> int:
@@ -111,54 +123,114 @@ def timed_steps(step: Callable, cache, repeats: int) -> list[float]:
   return times
 
 
-def bench_one(runtime: Runtime, kind: str, spec: CacheSpec | None, dtype,
-              batch_size: int, context: int, repeats: int,
-              slots: int | None = None) -> Row:
-  """Compiles, measures and times one decode step at `context` in a cache
-  of `slots` (default `context`) slots."""
+@dataclasses.dataclass
+class _Prepared:
+  """A kind's compiled decode step and the cache it is timed on."""
+
+  kind: str
+  spec: CacheSpec | None
+  dtype: Any
+  compiled: Any
+  cache: list
+  temp_bytes: int
+  cache_bytes: int
+
+
+def _prepare(runtime: Runtime, kind: str, spec: CacheSpec | None, dtype,
+             batch_size: int, context: int, repeats: int,
+             slots: int) -> _Prepared:
   if repeats < 1:
     raise ValueError(f"bench_one: repeats={repeats}; allowed: >= 1.")
   if context <= repeats + 1:
     raise ValueError(
         f"bench_one: context={context}; allowed: > repeats + 1 = "
         f"{repeats + 1}.")
-  slots = context if slots is None else slots
   if slots < context:
     raise ValueError(f"bench_one: slots={slots} < context={context}.")
   cache = init_cache(runtime.config, batch_size, slots, spec, dtype)
+  compiled = _lower_decode(runtime, jax.eval_shape(lambda: cache),
+                           batch_size).compile()
+  return _Prepared(kind, spec, dtype, compiled, cache,
+                   int(compiled.memory_analysis().temp_size_in_bytes),
+                   leaf_bytes(cache))
+
+
+def _time_round(runtime: Runtime, prepared: _Prepared, batch_size: int,
+                context: int, repeats: int) -> list[float]:
+  """`repeats` timed steps (after a warm-up) from length
+  `context - repeats - 1`; the cache is kept for the next round."""
   start_length = context - repeats - 1
   # One length array per layer: the decode step donates every cache leaf.
   cache = [layer.replace(
       length_B=jnp.full((batch_size,), start_length, jnp.int32))
-           for layer in cache]
-  compiled = _lower_decode(runtime, jax.eval_shape(lambda: cache),
-                           batch_size).compile()
-  temp = int(compiled.memory_analysis().temp_size_in_bytes)
-  cache_bytes = leaf_bytes(cache)
+           for layer in prepared.cache]
   token = jnp.zeros((batch_size,), jnp.int32)
-  times = timed_steps(lambda c: compiled(runtime.state, token, c, None),
-                      cache, repeats)
-  return Row(kind=kind, context=context, batch=batch_size, slots=slots,
-             seconds_median=statistics.median(times), seconds_min=min(times),
-             temp_bytes=temp, cache_bytes=cache_bytes,
-             effective_bits=effective_bits(runtime.config, spec, dtype,
-                                           context))
+
+  def step(c):
+    out, prepared.cache = prepared.compiled(runtime.state, token, c, None)
+    return out, prepared.cache
+
+  return timed_steps(step, cache, repeats)
+
+
+def _row(runtime: Runtime, prepared: _Prepared, batch_size: int,
+         context: int, slots: int, rounds: list[list[float]]) -> Row:
+  medians = tuple(statistics.median(times) for times in rounds)
+  return Row(kind=prepared.kind, context=context, batch=batch_size,
+             slots=slots, seconds_median=statistics.median(medians),
+             seconds_min=min(min(times) for times in rounds),
+             temp_bytes=prepared.temp_bytes,
+             cache_bytes=prepared.cache_bytes,
+             effective_bits=effective_bits(runtime.config, prepared.spec,
+                                           prepared.dtype, context),
+             round_seconds=medians)
+
+
+def bench_one(runtime: Runtime, kind: str, spec: CacheSpec | None, dtype,
+              batch_size: int, context: int, repeats: int,
+              slots: int | None = None) -> Row:
+  """Compiles, measures and times one decode step at `context` in a cache
+  of `slots` (default `context`) slots."""
+  slots = context if slots is None else slots
+  prepared = _prepare(runtime, kind, spec, dtype, batch_size, context,
+                      repeats, slots)
+  times = _time_round(runtime, prepared, batch_size, context, repeats)
+  return _row(runtime, prepared, batch_size, context, slots, [times])
 
 
 def run(runtime: Runtime, kinds: Sequence[str], contexts: Sequence[int], *,
-        batch_size: int, repeats: int,
+        batch_size: int, repeats: int, rounds: int = 1,
         log: Callable[[str], None] = print) -> list[Row]:
   """Every kind (`bench_kinds.resolve_kind`) at every context, all kinds
-  of one context in caches of the same number of slots."""
+  of one context in caches of the same number of slots; with `rounds` > 1
+  the kinds of a context are timed in turn, `rounds` times (module
+  docstring)."""
+  if rounds < 1:
+    raise ValueError(f"decode_bench: rounds={rounds}; allowed: >= 1.")
   resolved = {kind: resolve_kind(kind) for kind in kinds}
   rows = []
   for context in contexts:
     slots = equal_slots(context, [spec for spec, _ in resolved.values()])
-    for kind, (spec, dtype) in resolved.items():
-      row = bench_one(runtime, kind, spec, dtype, batch_size, context,
-                      repeats, slots)
-      log(f"  {kind} @ {context}: {row.seconds_median * 1e3:.1f} ms")
-      rows.append(row)
+    if rounds == 1:  # One kind's cache alive at a time.
+      for kind, (spec, dtype) in resolved.items():
+        row = bench_one(runtime, kind, spec, dtype, batch_size, context,
+                        repeats, slots)
+        log(f"  {kind} @ {context}: {row.seconds_median * 1e3:.1f} ms")
+        rows.append(row)
+      continue
+    prepared = [_prepare(runtime, kind, spec, dtype, batch_size, context,
+                         repeats, slots)
+                for kind, (spec, dtype) in resolved.items()]
+    times = {p.kind: [] for p in prepared}
+    for r in range(rounds):
+      for p in prepared:
+        times[p.kind].append(_time_round(runtime, p, batch_size, context,
+                                         repeats))
+        log(f"  round {r + 1}/{rounds}: {p.kind} @ {context}: "
+            f"{statistics.median(times[p.kind][-1]) * 1e3:.1f} ms")
+    rows += [_row(runtime, p, batch_size, context, slots, times[p.kind])
+             for p in prepared]
+    del prepared
   return rows
 
 
@@ -175,23 +247,37 @@ def fastest_full_precision(rows: Sequence, cost: Callable = lambda r:
   return best
 
 
+def round_ratios(row: Row, base: Row) -> list[float]:
+  """Each round's step time over the same round's `base` step."""
+  return [a / b for a, b in zip(row.round_seconds, base.round_seconds)]
+
+
 def format_table(rows: Sequence[Row]) -> str:
   """Markdown table; ratios are to the fastest full-precision cache of the
-  same context and batch (named in the last column)."""
+  same context and batch (named in the last column). Rows of several
+  timing rounds add the range of the per-round ratios."""
   base = fastest_full_precision(rows)
-  lines = ["| context | B | cache | eff. bits | ms/step | x time | temp MiB "
-           "| cache MiB | x cache | vs |",
-           "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+  ranged = any(len(r.round_seconds) > 1 for r in rows)
+  spread = " | per-round x time" if ranged else ""
+  lines = ["| context | B | cache | eff. bits | ms/step | x time"
+           f"{spread} | temp MiB | cache MiB | x cache | vs |",
+           "|---:|---:|---|---:|---:|---:|" + ("---|" if ranged else "")
+           + "---:|---:|---:|---|"]
 
   def ratio(a: float, b: float | None) -> str:
     return f"{a / b:.3f}" if b else "-"
 
   for r in rows:
     b = base.get((r.context, r.batch))
+    span = ""
+    if ranged:
+      per_round = round_ratios(r, b) if b else []
+      span = (f" {min(per_round):.3f}-{max(per_round):.3f} |" if per_round
+              else " - |")
     lines.append(
         f"| {r.context} | {r.batch} | {r.kind} | {r.effective_bits:.2f} | "
         f"{r.seconds_median * 1e3:.2f} | "
-        f"{ratio(r.seconds_median, b and b.seconds_median)} | "
+        f"{ratio(r.seconds_median, b and b.seconds_median)} |{span} "
         f"{r.temp_bytes / 2**20:.2f} | {r.cache_bytes / 2**20:.2f} | "
         f"{ratio(r.cache_bytes, b and b.cache_bytes)} | "
         f"{b.kind if b else '-'} |")

@@ -66,3 +66,30 @@ def test_attention_rows_time_the_caches_own_decode_path():
   with pytest.raises(ValueError, match="implementation"):
     attention_bench.run(TINY, ("int8",), [40], batch_size=1, repeats=1,
                         implementations=("triton",))
+
+
+def test_rounds_time_every_kind_in_turn_with_paired_ratios():
+  """rounds=2: one row per kind with each round's median; the table's
+  per-round range pairs each round with the same round's fastest
+  full-precision step."""
+  runtime = Runtime(decoder_from_params(TINY, random_params(TINY)))
+  logged = []
+  rows = decode_bench.run(runtime, ("float32", "int8"), [24], batch_size=1,
+                          repeats=2, rounds=2, log=logged.append)
+  assert [r.kind for r in rows] == ["float32", "int8"]
+  assert [line.split(":")[0] for line in logged] == [
+      "  round 1/2", "  round 1/2", "  round 2/2", "  round 2/2"]
+  for r in rows:
+    assert len(r.round_seconds) == 2
+    assert r.seconds_median == pytest.approx(sum(r.round_seconds) / 2)
+    assert 0 < r.seconds_min <= min(r.round_seconds)
+  made_up = dataclasses.replace(rows[1], round_seconds=(3.0, 1.0))
+  base = dataclasses.replace(rows[0], round_seconds=(2.0, 2.0),
+                             seconds_median=2.0)
+  assert decode_bench.round_ratios(made_up, base) == [1.5, 0.5]
+  table = decode_bench.format_table([base, made_up])
+  assert "per-round x time" in table and "| 0.500-1.500 |" in table
+  assert "| 1.000-1.000 |" in table
+  with pytest.raises(ValueError, match="rounds=0"):
+    decode_bench.run(runtime, ("float32",), [24], batch_size=1, repeats=2,
+                     rounds=0)
