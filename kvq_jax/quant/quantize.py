@@ -93,7 +93,9 @@ clamping to [-max, max] where ggml would store an infinity):
   bits, so a fused multiply-add with zero changes nothing). The products
   x * id and (x - lo) * id are rounded to float32 before the following add
   (no fused multiply-add, which XLA would otherwise emit and which moves
-  about one code in 4 million), so int8 symmetric_narrow,
+  about one code in 4 million), and d is one float32 division (XLA would
+  multiply by the reciprocal of the constant: `_ieee_divide`), so int8
+  symmetric_narrow,
   int4 / int5 symmetric and int4 / int5 asymmetric, per_group of 32 along the
   last axis, give gguf's Q8_0, Q4_0 / Q5_0 and Q4_1 / Q5_1 values exactly
   (tested on CPU; non-finite inputs, float32 denormals, which XLA CPU
@@ -320,6 +322,19 @@ def _quantize_kvq(xg, finite, x_nan0, grouping, spec: QuantSpec):
   return scale, zero, u.astype(jnp.uint8)
 
 
+def _ieee_divide(x: jax.Array, divisor: int) -> jax.Array:
+  """x / divisor as one correctly rounded float32 division (numpy's, ggml's).
+
+  XLA's algebraic simplifier turns a division by a broadcast scalar into a
+  multiply by its reciprocal, two roundings: (hi - lo) * (1 / 31) differs
+  from (hi - lo) / 31 for about a third of float32 inputs, and moved a
+  Q5_1 code of a real SmolLM2 value block (tests/quant/test_ggml_exact.py).
+  A divisor behind an optimization barrier is opaque to it.
+  """
+  den = jax.lax.optimization_barrier(jnp.full(x.shape, divisor, _F32))
+  return x / den
+
+
 def _quantize_ggml(xg, finite, x_nan0, grouping, spec: QuantSpec):
   """(scale, zero or None, codes) for rounding='ggml' (module docstring)."""
   sdt = spec.scale_jnp_dtype
@@ -328,12 +343,12 @@ def _quantize_ggml(xg, finite, x_nan0, grouping, spec: QuantSpec):
   x_fin = jnp.where(finite, xg, 0.0)
   lo = None
   if spec.scheme == "symmetric":
-    d = _signed_absmax(x_fin, grouping) / jnp.float32(-half)
+    d = _ieee_divide(_signed_absmax(x_fin, grouping), -half)
   elif spec.scheme == "symmetric_narrow":
-    d = _reduce(jnp.max, jnp.abs(x_fin), grouping) / jnp.float32(half - 1)
+    d = _ieee_divide(_reduce(jnp.max, jnp.abs(x_fin), grouping), half - 1)
   else:
     lo, hi = _min_max(xg, finite, grouping)
-    d = (hi - lo) / jnp.float32(levels)
+    d = _ieee_divide(hi - lo, levels)
   inv = jnp.where(d == 0, 0.0, 1.0 / jnp.where(d == 0, 1.0, d))
   y = x_nan0 * inv if lo is None else (x_nan0 - lo) * inv
   y = _rounded(jnp.where(jnp.isnan(y), 0.0, y))  # NaN: Inf * 0 (d == 0).

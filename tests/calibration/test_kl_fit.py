@@ -144,8 +144,12 @@ def test_codebook_and_rotation_fit_lowers_the_kl_and_round_trips(tmp_path):
   assert not result.theta_LxKxH.any()
   gram = np.einsum("lkab,lkcb->lkac", result.rotation_LxKxHxH,
                    result.rotation_LxKxHxH)
+  # Orthogonal to float32 rounding: the exponential's squarings leave a
+  # few ulp per product (1.14e-5 on one diagonal element on an AMD EPYC
+  # host); a turn that were not a rotation (A not skew) would be off by
+  # about the step, 0.02.
   np.testing.assert_allclose(gram, np.broadcast_to(
-      np.eye(TINY.head_dim), gram.shape), atol=1e-5)
+      np.eye(TINY.head_dim), gram.shape), atol=5e-5)
   assert all(np.all(np.diff(c) > 0) for c in result.levels)
   layers = [spec(calibrated()).layer(i) for i in range(TINY.num_layers)]
   written = fitted_affines(calibrated(), result.theta_LxKxH, layers,

@@ -156,6 +156,28 @@ def test_q4_0_product_is_rounded_before_the_add():
   np.testing.assert_array_equal(_ours(x, "q4_0"), want)
 
 
+def test_q5_1_scale_is_a_division_not_a_reciprocal_multiply():
+  # A SmolLM2 layer-0 value block: (hi - lo) / 31 = 0.0070225564 (one
+  # float32 division, as gguf-py), where (hi - lo) * (1 / 31), XLA's
+  # rewrite of a division by a broadcast constant, gives 0.0070225559.
+  # With the larger id that follows, element 10's (x - lo) * id is
+  # 21.500002 instead of gguf's 21.499998: code 22 instead of 21 (the
+  # float16 scale is the same either way).
+  x = np.array([[
+      980453754, 3159531702, 1029862242, 1034510618, 3167719796, 3170241545,
+      3188341760, 1028842173, 3142767202, 3139415578, 1015217770, 3151107077,
+      1005171166, 3149423526, 3143662562, 3165635723, 3161373790, 1002118220,
+      3170173679, 1011947778, 3147963505, 1013735089, 3174801649, 1028313523,
+      1015349893, 3153307668, 3163782118, 1012589504, 3163329193, 3146272165,
+      1020647894, 3179020042]], np.uint32).view(np.float32)
+  hi_lo = x.max() - x.min()
+  assert hi_lo / np.float32(31) != hi_lo * (np.float32(1) / np.float32(31))
+  want = _gguf_round_trip(x, "q5_1")
+  np.testing.assert_array_equal(_ours(x, "q5_1"), want)
+  qa = quantize(jnp.asarray(x), ggml_spec("q5_1"))
+  assert float(qa.scale[0, 0]) == float(np.float16(hi_lo / np.float32(31)))
+
+
 @pytest.mark.slow
 def test_real_smollm2_keys_and_values_match_gguf():
   import kvq_jax  # pylint: disable=import-outside-toplevel
