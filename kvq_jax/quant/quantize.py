@@ -73,6 +73,9 @@ chosen non-finite positions as 0.0.
 
 For unclipped finite data this gives |x - x'| <= |scale| / 2 (plus float32
 rounding) for integer formats, with bfloat16/float16 scales and zeros too.
+(XLA computes x / scale as x * (1 / scale), the scale being broadcast over
+its group: a quotient within an ulp of a rounding boundary may round the
+other way than one division would.)
 The one exception is symmetric's top code: a value with x / scale >
 half - 1/2 (of sign opposite to m, within half a step of |m|) saturates at
 q = half - 1, an error of at most |scale|.
