@@ -140,13 +140,13 @@ def _prepare(runtime: Runtime, kind: str, spec: CacheSpec | None, dtype,
              batch_size: int, context: int, repeats: int,
              slots: int) -> _Prepared:
   if repeats < 1:
-    raise ValueError(f"bench_one: repeats={repeats}; allowed: >= 1.")
+    raise ValueError(f"decode_bench: repeats={repeats}; allowed: >= 1.")
   if context <= repeats + 1:
     raise ValueError(
-        f"bench_one: context={context}; allowed: > repeats + 1 = "
+        f"decode_bench: context={context}; allowed: > repeats + 1 = "
         f"{repeats + 1}.")
   if slots < context:
-    raise ValueError(f"bench_one: slots={slots} < context={context}.")
+    raise ValueError(f"decode_bench: slots={slots} < context={context}.")
   cache = init_cache(runtime.config, batch_size, slots, spec, dtype)
   compiled = _lower_decode(runtime, jax.eval_shape(lambda: cache),
                            batch_size).compile()
@@ -186,16 +186,23 @@ def _row(runtime: Runtime, prepared: _Prepared, batch_size: int,
              round_seconds=medians)
 
 
-def bench_one(runtime: Runtime, kind: str, spec: CacheSpec | None, dtype,
-              batch_size: int, context: int, repeats: int,
-              slots: int | None = None) -> Row:
-  """Compiles, measures and times one decode step at `context` in a cache
-  of `slots` (default `context`) slots."""
-  slots = context if slots is None else slots
-  prepared = _prepare(runtime, kind, spec, dtype, batch_size, context,
-                      repeats, slots)
-  times = _time_round(runtime, prepared, batch_size, context, repeats)
-  return _row(runtime, prepared, batch_size, context, slots, [times])
+def _bench_together(runtime: Runtime, kinds, batch_size: int, context: int,
+                   repeats: int, slots: int, rounds: int,
+                   log: Callable[[str], None]) -> list[Row]:
+  """Rows of `kinds` ((kind, (spec, dtype)) pairs), all compiled and held
+  at once and timed in turn, `rounds` times."""
+  prepared = [_prepare(runtime, kind, spec, dtype, batch_size, context,
+                       repeats, slots) for kind, (spec, dtype) in kinds]
+  times = {p.kind: [] for p in prepared}
+  for r in range(rounds):
+    tag = f"round {r + 1}/{rounds}: " if rounds > 1 else ""
+    for p in prepared:
+      times[p.kind].append(_time_round(runtime, p, batch_size, context,
+                                       repeats))
+      log(f"  {tag}{p.kind} @ {context}: "
+          f"{statistics.median(times[p.kind][-1]) * 1e3:.1f} ms")
+  return [_row(runtime, p, batch_size, context, slots, times[p.kind])
+          for p in prepared]
 
 
 def run(runtime: Runtime, kinds: Sequence[str], contexts: Sequence[int], *,
@@ -207,30 +214,15 @@ def run(runtime: Runtime, kinds: Sequence[str], contexts: Sequence[int], *,
   docstring)."""
   if rounds < 1:
     raise ValueError(f"decode_bench: rounds={rounds}; allowed: >= 1.")
-  resolved = {kind: resolve_kind(kind) for kind in kinds}
+  resolved = list({kind: resolve_kind(kind) for kind in kinds}.items())
+  # One round: one kind's cache alive at a time; several: all of them.
+  groups = [resolved] if rounds > 1 else [[item] for item in resolved]
   rows = []
   for context in contexts:
-    slots = equal_slots(context, [spec for spec, _ in resolved.values()])
-    if rounds == 1:  # One kind's cache alive at a time.
-      for kind, (spec, dtype) in resolved.items():
-        row = bench_one(runtime, kind, spec, dtype, batch_size, context,
-                        repeats, slots)
-        log(f"  {kind} @ {context}: {row.seconds_median * 1e3:.1f} ms")
-        rows.append(row)
-      continue
-    prepared = [_prepare(runtime, kind, spec, dtype, batch_size, context,
-                         repeats, slots)
-                for kind, (spec, dtype) in resolved.items()]
-    times = {p.kind: [] for p in prepared}
-    for r in range(rounds):
-      for p in prepared:
-        times[p.kind].append(_time_round(runtime, p, batch_size, context,
-                                         repeats))
-        log(f"  round {r + 1}/{rounds}: {p.kind} @ {context}: "
-            f"{statistics.median(times[p.kind][-1]) * 1e3:.1f} ms")
-    rows += [_row(runtime, p, batch_size, context, slots, times[p.kind])
-             for p in prepared]
-    del prepared
+    slots = equal_slots(context, [spec for _, (spec, _) in resolved])
+    for group in groups:
+      rows += _bench_together(runtime, group, batch_size, context, repeats,
+                              slots, rounds, log)
   return rows
 
 

@@ -49,6 +49,10 @@ class Header:
   fields: dict[str, Field]
   tensors: list[tuple[str, tuple[int, ...]]]
 
+  def num_elements(self) -> int:
+    """Elements of every tensor in the file (the model's parameters)."""
+    return sum(int(np.prod(shape)) for _, shape in self.tensors)
+
 
 class _Cursor:
 
