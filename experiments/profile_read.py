@@ -10,8 +10,6 @@ the bandwidth they imply (`kvq_jax.experiment.read_profile`). Synthetic
 K/V in SmolLM2's layer shapes (K = 3, G = 3, H = 64), batch 1.
 """
 
-import json
-import pathlib
 
 from absl import app
 from absl import flags
@@ -19,7 +17,7 @@ from absl import flags
 from kvq_jax.experiment import log_setup
 from kvq_jax.experiment.data_flags import int_list
 from kvq_jax.experiment.read_profile import profile_storage_read
-from kvq_jax.experiment.timing import machine_description
+from kvq_jax.experiment.timing import machine_description, write_measured
 
 _KINDS = flags.DEFINE_list("kinds", ["bf16", "float32", "int8", "q4_0"],
                            "bf16, float32 or short format names.")
@@ -49,11 +47,7 @@ def main(argv):
           f"| {r['attend_ms']:.2f} ({r['attend_gbps']:.2f}) "
           f"| {r['attend_dequantized_ms']:.2f} |")
   if _JSON.value:
-    path = pathlib.Path(_JSON.value)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine_description(),
-                                "rows": rows}, indent=1), encoding="utf-8")
-    print(f"rows: {path}")
+    print(f"rows: {write_measured(_JSON.value, {'rows': rows})}")
 
 
 if __name__ == "__main__":

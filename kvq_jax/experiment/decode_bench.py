@@ -26,7 +26,6 @@ to move by 20% between runs of one command).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import pathlib
 import statistics
@@ -41,7 +40,7 @@ from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.experiment.bench_kinds import FULL_PRECISION, resolve_kind
 from kvq_jax.experiment.decode_speed import equal_slots
 from kvq_jax.experiment.memory import effective_bits
-from kvq_jax.experiment.timing import machine_description
+from kvq_jax.experiment.timing import write_measured
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.runtime import Runtime
 
@@ -286,8 +285,4 @@ def write_rows(path: str, model: str, rows: Sequence,
                ) -> pathlib.Path:
   """`--json=FILE`: {"machine", "model", "rows": to_json(rows)}; returns the
   path."""
-  out = pathlib.Path(path)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps({"machine": machine_description(), "model": model,
-                             "rows": to_json(rows)}, indent=1))
-  return out
+  return write_measured(path, {"model": model, "rows": to_json(rows)})

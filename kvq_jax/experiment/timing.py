@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import platform
 import statistics
 import time
@@ -44,3 +46,13 @@ def machine_description() -> str:
   return (f"processor: {processor}; system: {uname.system} {uname.release} "
           f"({uname.machine}); cpus: {os.cpu_count()}; jax {jax.__version__} "
           f"devices: [{devices}]")
+
+
+def write_measured(path: str | os.PathLike, payload: dict) -> pathlib.Path:
+  """Writes {"machine": machine_description(), **payload} as JSON to
+  `path` (parents created); returns the path."""
+  out = pathlib.Path(path)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps({"machine": machine_description(), **payload},
+                            indent=1), encoding="utf-8")
+  return out
