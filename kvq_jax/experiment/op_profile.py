@@ -33,8 +33,10 @@ from kvq_jax.experiment.bench_kinds import resolve_kind
 from kvq_jax.experiment.decode_speed import equal_slots
 from kvq_jax.models.config import ModelConfig
 
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = (\S+) (\w[\w\-]*)\(",
-                          re.MULTILINE)
+# "%name = shape opcode(": a shape is an array ("f32[3,64]{1,0}") or a
+# tuple of them ("(f32[2]{0}, /*index=1*/s32[])", multi-output fusions).
+_INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT\s+)?%([\w.\-]+) = (\([^()]*\)|\S+) ([a-z][\w\-]*)\(")
 _SPLIT = re.compile(r'"outer_dimension_partitions":\[\s*"')
 # Operations whose events enclose their nested computations' events.
 _ENCLOSING = ("while", "conditional", "call")

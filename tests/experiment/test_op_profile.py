@@ -18,6 +18,7 @@ _HLO = """\
 }
 ENTRY %main (x: f32[4]) -> f32[4] {
   %while.3 = (s32[], f32[4]) while(%t), condition=%cond, body=%body
+  %fusion.2 = (f32[4]{0}, /*index=1*/s32[]) fusion(%x), kind=kLoop, calls=%f3
   ROOT %copy.7 = f32[4]{0} copy(%g)
 }
 """
@@ -27,6 +28,7 @@ def test_module_ops_names_shapes_and_threads_split():
   ops = op_profile.module_ops(_HLO)
   assert ops == {"fusion.1": ("f32[3,256,16]{2,1,0}", True),
                  "ynn_fusion": ("f32[3,3,16]{2,1,0}", False),
+                 "fusion.2": ("(f32[4]{0}, /*index=1*/s32[])", False),
                  "copy.7": ("f32[4]{0}", False)}  # No while: it nests.
 
 
