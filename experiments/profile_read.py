@@ -10,7 +10,6 @@ the bandwidth they imply (`kvq_jax.experiment.read_profile`). Synthetic
 K/V in SmolLM2's layer shapes (K = 3, G = 3, H = 64), batch 1.
 """
 
-
 from absl import app
 from absl import flags
 

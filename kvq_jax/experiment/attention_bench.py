@@ -33,19 +33,20 @@ IMPLEMENTATIONS = ("xla", "pallas")
 
 
 def layer_step(config: ModelConfig, spec: CacheSpec | None, dtype,
-               batch_size: int, context: int, slots: int, steps: int,
+               batch_size: int, context: int, slots: int, calls: int,
                implementation: str = "xla"):
   """(compiled step, cache): layer 0's one-token `attend` compiled for a
-  cache of `slots` holding context - steps - 1 tokens, so `steps` calls end
-  at `context` (the cache is donated: pass each call's cache to the next)."""
-  if context <= steps + 1 or slots < context:
+  cache of `slots` holding context - calls tokens, so the last of `calls`
+  calls attends over `context` tokens (the cache is donated: pass each
+  call's cache to the next)."""
+  if context <= calls or slots < context:
     raise ValueError(
-        f"layer_step: context={context}, slots={slots}, steps={steps}; "
-        "allowed: steps + 1 < context <= slots.")
+        f"layer_step: context={context}, slots={slots}, calls={calls}; "
+        "allowed: calls < context <= slots.")
   if spec is not None:
     spec = dataclasses.replace(spec, attention_impl=implementation)
   cache = layer_cache(config, 0, batch_size, slots, spec, dtype)
-  cache = cache.replace(length_B=jnp.full((batch_size,), context - steps - 1,
+  cache = cache.replace(length_B=jnp.full((batch_size,), context - calls,
                                           jnp.int32))
   rope = layer_rope(config, 0)
   b, k, h = batch_size, config.num_kv_heads, config.head_dim
@@ -63,9 +64,10 @@ def layer_step(config: ModelConfig, spec: CacheSpec | None, dtype,
 def bench_layer(config: ModelConfig, kind: str, spec: CacheSpec | None,
                 dtype, batch_size: int, context: int, slots: int,
                 repeats: int, implementation: str = "xla") -> Row:
-  """Compiles, measures and times layer 0's one-token `attend`."""
+  """Compiles, measures and times layer 0's one-token `attend` (a warm-up
+  call, then `repeats` timed ones; `timed_steps`)."""
   compiled, cache = layer_step(config, spec, dtype, batch_size, context,
-                               slots, repeats, implementation)
+                               slots, repeats + 1, implementation)
   temp = int(compiled.memory_analysis().temp_size_in_bytes)
   cache_bytes = leaf_bytes(cache)
   times = timed_steps(compiled, cache, repeats)

@@ -103,7 +103,7 @@ def profile_layer(config: ModelConfig, kind: str, context: int,
   spec, dtype = resolve_kind(kind)
   slots = equal_slots(context, [spec]) if slots is None else slots
   compiled, cache = layer_step(config, spec, dtype, batch_size, context,
-                               slots, steps + 1)
+                               slots, calls=steps + 1)
   out, cache = compiled(cache)  # Warm-up, outside the trace.
   jax.block_until_ready(out)
   with tempfile.TemporaryDirectory() as tmp:
