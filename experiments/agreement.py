@@ -21,9 +21,9 @@ kvq_jax/longctx/agreement.py.
 from absl import app
 from absl import flags
 
-from kvq_jax.experiment import log_setup
-from kvq_jax.experiment.config_flag import DEFINE_preset_config, preset_name
-from kvq_jax.experiment.data_flags import DEFINE_data_flags, int_list
+from kvq_jax.cli import log_setup
+from kvq_jax.cli.config_flag import DEFINE_preset_config, preset_name
+from kvq_jax.cli.data_flags import DEFINE_data_flags, int_list
 from kvq_jax.longctx.agreement import AgreementRequest, run_agreement
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")

@@ -22,8 +22,9 @@ import pathlib
 from absl import app
 from absl import flags
 
-from kvq_jax.experiment import log_setup
-from kvq_jax.research import allocator, preset_writer
+from kvq_jax.cli import log_setup
+from kvq_jax.research import allocator
+from kvq_jax.research import preset_writer
 from kvq_jax.research.sensitivity_table import load_json, merge_tables
 
 _SENSITIVITY = flags.DEFINE_list(

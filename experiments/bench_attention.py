@@ -7,11 +7,11 @@
   python -m experiments.bench_attention --mode=kernel --shape=8b      # kernel only
 
 --mode=cache (default): `cache.attend` of one token for layer 0 of
-`--model`'s shapes (`kvq_jax/experiment/attention_bench.py`): kinds bf16 /
+`--model`'s shapes (`kvq_jax/bench/attention_bench.py`): kinds bf16 /
 float32 (dense) or preset names, all in caches of the same slots; ratios are
 to the fastest full-precision cache. --mode=kernel: the Pallas kernel and
 the jnp reference on synthetic packed caches, with effective bandwidth
-(`kvq_jax/kernels/benchmark.py`). Pallas runs compiled on GPU/TPU; on CPU
+(`kvq_jax/bench/kernel_bench.py`). Pallas runs compiled on GPU/TPU; on CPU
 only interpreted (--pallas_interpret), which checks it runs and is not a
 timing.
 """
@@ -23,11 +23,13 @@ from absl import flags
 import jax
 
 from kvq_jax import assets
-from kvq_jax.experiment import attention_bench, decode_bench, log_setup
-from kvq_jax.experiment.bench_kinds import DEFAULT_KINDS
-from kvq_jax.experiment.data_flags import int_list
+from kvq_jax.bench import attention_bench
+from kvq_jax.bench import decode_bench
+from kvq_jax.bench import kernel_bench
+from kvq_jax.bench.kinds import DEFAULT_KINDS
+from kvq_jax.cli import log_setup
+from kvq_jax.cli.data_flags import int_list
 from kvq_jax.facade import model_config
-from kvq_jax.kernels import benchmark
 
 SHAPES = {"8b": (8, 4, 128)}  # Synthetic (K, G, H) without a checkpoint.
 
@@ -51,7 +53,7 @@ _IMPLEMENTATIONS = flags.DEFINE_list(
     "implementations", ["xla"], "--mode=cache: decode attention of the "
     "quantized caches (xla, pallas).")
 _FORMATS = flags.DEFINE_list("formats", ["int8", "int4_g32", "int2_g32"],
-                             f"--mode=kernel formats: {list(benchmark.SPECS)}.")
+                             f"--mode=kernel formats: {list(kernel_bench.SPECS)}.")
 _PALLAS_INTERPRET = flags.DEFINE_bool(
     "pallas_interpret", False, "On CPU, also run the Pallas kernel in "
     "interpret mode (slow; not a timing).")
@@ -68,7 +70,7 @@ def main(argv):
   contexts = decode_bench.bench_contexts(
       int_list(_CONTEXTS), _MAX_CONTEXT.value or (16384 if on_cpu else 131072))
   batches = int_list(_BATCH)
-  print(benchmark.machine_description())
+  print(kernel_bench.machine_description())
   if _MODE.value == "cache":
     config = model_config(_MODEL.value)
     print(f"{_MODEL.value} ({config.name}) layer 0: K={config.num_kv_heads} "
@@ -93,11 +95,11 @@ def main(argv):
                              config.head_dim)
   print(f"{source}: B={batches[0]} K={kv_heads} G={g} H={head_dim}, "
         f"contexts {contexts}")
-  rows = benchmark.run(
+  rows = kernel_bench.run(
       contexts, batch=batches[0], kv_heads=kv_heads, g=g, head_dim=head_dim,
       formats=_FORMATS.value, pallas=(not on_cpu) or _PALLAS_INTERPRET.value,
       interpret=on_cpu, repeats=_REPEATS.value, block_k=_BLOCK_K.value)
-  print(benchmark.format_table(rows))
+  print(kernel_bench.format_table(rows))
 
 
 if __name__ == "__main__":

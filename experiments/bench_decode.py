@@ -52,10 +52,12 @@ from absl import app
 from absl import flags
 
 from kvq_jax import assets
-from kvq_jax.experiment import decode_bench, generate_bench, log_setup
-from kvq_jax.experiment.bench_kinds import DEFAULT_KINDS
-from kvq_jax.experiment.data_flags import int_list
-from kvq_jax.experiment.timing import machine_description
+from kvq_jax.bench import decode_bench
+from kvq_jax.bench import generate_bench
+from kvq_jax.bench.kinds import DEFAULT_KINDS
+from kvq_jax.bench.timing import machine_description
+from kvq_jax.cli import log_setup
+from kvq_jax.cli.data_flags import int_list
 from kvq_jax.facade import model_config
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.models.runtime import Runtime

@@ -13,8 +13,8 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from kvq_jax.experiment import log_setup
-from kvq_jax.experiment.timing import machine_description, time_fn
+from kvq_jax.bench.timing import machine_description, time_fn
+from kvq_jax.cli import log_setup
 from kvq_jax.quant import QuantSpec, dequantize, quantize
 
 _TOKENS = flags.DEFINE_integer(

@@ -19,9 +19,9 @@ from absl import flags
 
 from kvq_jax.calibration.optimize import CalibrationOptions
 from kvq_jax.calibration.runner import calibrate
-from kvq_jax.experiment import log_setup
-from kvq_jax.experiment.config_flag import DEFINE_preset_config
-from kvq_jax.experiment.data_flags import DEFINE_data_flags
+from kvq_jax.cli import log_setup
+from kvq_jax.cli.config_flag import DEFINE_preset_config
+from kvq_jax.cli.data_flags import DEFINE_data_flags
 
 _CONFIG = DEFINE_preset_config("config", default="int2_g32_asym")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/calibrate", "output directory")

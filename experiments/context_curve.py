@@ -24,9 +24,9 @@ Outputs: WORKDIR/context_curve.{csv,json,png}, WORKDIR/summary.md.
 from absl import app
 from absl import flags
 
-from kvq_jax.experiment import log_setup
-from kvq_jax.experiment.config_flag import DEFINE_preset_config, preset_name
-from kvq_jax.experiment.data_flags import DEFINE_data_flags, int_list
+from kvq_jax.cli import log_setup
+from kvq_jax.cli.config_flag import DEFINE_preset_config, preset_name
+from kvq_jax.cli.data_flags import DEFINE_data_flags, int_list
 from kvq_jax.longctx.curve import (DEFAULT_CONTEXTS, CurveRequest,
                                    run_context_curve)
 

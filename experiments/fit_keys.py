@@ -25,9 +25,9 @@ from absl import flags
 
 from kvq_jax.calibration.kl_fit import GRANULARITIES, TARGETS, KLFitOptions
 from kvq_jax.calibration.kl_fit_runner import fit_keys
-from kvq_jax.experiment import log_setup
-from kvq_jax.experiment.config_flag import DEFINE_preset_config
-from kvq_jax.experiment.data_flags import DEFINE_data_flags
+from kvq_jax.cli import log_setup
+from kvq_jax.cli.config_flag import DEFINE_preset_config
+from kvq_jax.cli.data_flags import DEFINE_data_flags
 
 _CONFIG = DEFINE_preset_config("config", default="kq4")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/key_stats/smollm2-135m-range-kl",

@@ -16,15 +16,16 @@ text), tokens/s and the bytes of the cache's leaves; then a table.
 checkpoint's tokenizer.chat_template) to each prompt as one user message and
 stops at the end-of-turn token. --prompts_file: one prompt per line, blank
 lines skipped, a literal \n inside a line is a newline. Details:
-kvq_jax/experiment/generate_compare.py.
+kvq_jax/generation/compare.py.
 """
 
 from absl import app
 from absl import flags
 
-from kvq_jax.experiment import generate_runner, log_setup
-from kvq_jax.experiment.config_flag import DEFINE_preset_config, preset_name
-from kvq_jax.experiment.data_flags import DEFINE_model_flag
+from kvq_jax.cli import log_setup
+from kvq_jax.cli.config_flag import DEFINE_preset_config, preset_name
+from kvq_jax.cli.data_flags import DEFINE_model_flag
+from kvq_jax.generation import runner
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
 _MODEL = DEFINE_model_flag()
@@ -46,13 +47,13 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:
-    prompts = generate_runner.read_prompts(_PROMPT.value, _PROMPTS_FILE.value)
+    prompts = runner.read_prompts(_PROMPT.value, _PROMPTS_FILE.value)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
-  generate_runner.run(_CONFIG.value, prompts, config_name=preset_name(),
-                      compare=_COMPARE.value,
-                      max_new_tokens=_MAX_NEW_TOKENS.value, chat=_CHAT.value,
-                      model=_MODEL.value)
+  runner.run(_CONFIG.value, prompts, config_name=preset_name(),
+             compare=_COMPARE.value,
+             max_new_tokens=_MAX_NEW_TOKENS.value, chat=_CHAT.value,
+             model=_MODEL.value)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ summary.txt to --workdir (default runs/sensitivity_<preset>).
 from absl import app
 from absl import flags
 
-from kvq_jax.experiment import log_setup
-from kvq_jax.experiment.config_flag import DEFINE_preset_config, preset_name
-from kvq_jax.experiment.data_flags import DEFINE_data_flags
+from kvq_jax.cli import log_setup
+from kvq_jax.cli.config_flag import DEFINE_preset_config, preset_name
+from kvq_jax.cli.data_flags import DEFINE_data_flags
 from kvq_jax.research.sensitivity_runner import run_layer_sensitivity
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")

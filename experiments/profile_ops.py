@@ -6,7 +6,7 @@ r"""Per-operation profile of one layer's decode step, kind by kind.
 Layer 0 of `--model`'s shapes, one-token `attend` (what bench_attention
 times), run under the JAX profiler; every kind gets the same slots. Prints
 the slowest operations and how much of the step XLA:CPU splits across
-threads (`kvq_jax/experiment/op_profile.py`).
+threads (`kvq_jax/bench/op_profile.py`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from absl import app
 from absl import flags
 
 from kvq_jax import assets
-from kvq_jax.experiment import log_setup, op_profile
-from kvq_jax.experiment.bench_kinds import DEFAULT_KINDS, resolve_kind
-from kvq_jax.experiment.decode_speed import equal_slots
-from kvq_jax.experiment.timing import machine_description, write_measured
+from kvq_jax.bench import op_profile
+from kvq_jax.bench.decode_speed import equal_slots
+from kvq_jax.bench.kinds import DEFAULT_KINDS, resolve_kind
+from kvq_jax.bench.timing import machine_description, write_measured
+from kvq_jax.cli import log_setup
 from kvq_jax.facade import model_config
 
 _KINDS = flags.DEFINE_list("kinds", list(DEFAULT_KINDS),

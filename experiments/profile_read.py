@@ -6,17 +6,17 @@ r"""Where one layer's decode-step storage read spends its time.
 Per kind and context: the slice + dequantize work alone ("read"), the
 block-attention loop as the cache runs it ("attend") and dequantizing
 every format ("attend, dequantized"), with the bytes the step reads and
-the bandwidth they imply (`kvq_jax.experiment.read_profile`). Synthetic
+the bandwidth they imply (`kvq_jax.bench.read_profile`). Synthetic
 K/V in SmolLM2's layer shapes (K = 3, G = 3, H = 64), batch 1.
 """
 
 from absl import app
 from absl import flags
 
-from kvq_jax.experiment import log_setup
-from kvq_jax.experiment.data_flags import int_list
-from kvq_jax.experiment.read_profile import profile_storage_read
-from kvq_jax.experiment.timing import machine_description, write_measured
+from kvq_jax.bench.read_profile import profile_storage_read
+from kvq_jax.bench.timing import machine_description, write_measured
+from kvq_jax.cli import log_setup
+from kvq_jax.cli.data_flags import int_list
 
 _KINDS = flags.DEFINE_list("kinds", ["bf16", "float32", "int8", "q4_0"],
                            "bf16, float32 or short format names.")

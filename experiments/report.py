@@ -11,13 +11,13 @@ preset, stored and effective bits, bytes/token, ΔPPL with its 95% CI, KL
 and top-1 ± stderr. Prints the markdown, or writes it to --out. --plot
 writes effective bits vs ΔPPL with the Pareto front: the file itself for one
 group, PLOT-1.png, PLOT-2.png, ... for several. Details:
-kvq_jax/experiment/results_collect.py and results_table.py.
+kvq_jax/report/results_collect.py and results_table.py.
 """
 
 from absl import app
 from absl import flags
 
-from kvq_jax.experiment.results_table import write_report
+from kvq_jax.report.results_table import write_report
 
 _RUNS = flags.DEFINE_string("runs", "runs", "folder searched for results")
 _OUT = flags.DEFINE_string("out", None,

@@ -13,11 +13,12 @@ process 0 writes the outputs.
 from absl import app
 from absl import flags
 
-from kvq_jax.experiment import log_setup, runner
-from kvq_jax.experiment.config_flag import DEFINE_preset_config, preset_name
-from kvq_jax.experiment.data_flags import DEFINE_data_flags
-from kvq_jax.experiment.distributed_flags import (DEFINE_distributed_flags,
-                                                  start_distributed)
+from kvq_jax.cli import log_setup
+from kvq_jax.cli.config_flag import DEFINE_preset_config, preset_name
+from kvq_jax.cli.data_flags import DEFINE_data_flags
+from kvq_jax.cli.distributed_flags import (DEFINE_distributed_flags,
+                                           start_distributed)
+from kvq_jax.run import runner
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
 _WORKDIR = flags.DEFINE_string("workdir", None,

@@ -18,9 +18,9 @@ Outputs: WORKDIR/sweep.csv, WORKDIR/pareto.png, WORKDIR/config.json.
 from absl import app
 from absl import flags
 
-from kvq_jax.experiment import log_setup
-from kvq_jax.experiment.config_flag import DEFINE_preset_config
-from kvq_jax.experiment.data_flags import DEFINE_data_flags, int_list
+from kvq_jax.cli import log_setup
+from kvq_jax.cli.config_flag import DEFINE_preset_config
+from kvq_jax.cli.data_flags import DEFINE_data_flags, int_list
 from kvq_jax.sweep.runner import SweepRequest, run_sweep
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")

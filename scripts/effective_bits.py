@@ -5,7 +5,7 @@
       --contexts=512,1024,2048,4096
 
 Reads only the model's config (no weights) and prints one markdown table:
-per point its stored bits and `experiment.memory.effective_bits` at each
+per point its stored bits and `capacity.memory.effective_bits` at each
 context (codes + scales + zeros + every full-precision token + per-layer
 constants, divided by the elements the layers hold: min(T, W) on a
 sliding-window layer), in the cache dtype given (default float32, the
@@ -21,7 +21,7 @@ import argparse
 import jax.numpy as jnp
 
 from kvq_jax.assets.registry import resolve_model
-from kvq_jax.experiment import memory
+from kvq_jax.capacity import memory
 from kvq_jax.loaders import load_config
 from kvq_jax.sweep.points import parse_points
 

@@ -10,9 +10,9 @@ import kvq_jax
 from kvq_jax import facade
 from kvq_jax.cache.factory import init_cache
 from kvq_jax.cache.spec import CacheSpec
-from kvq_jax.experiment.short_specs import parse_short_spec
 from kvq_jax.models.runtime import Runtime
-from tests.experiment import tiny_hf_model
+from kvq_jax.settings.short_specs import parse_short_spec
+from tests.fixtures import tiny_hf_model
 
 IDS = np.array([[5, 17, 42, 3, 9, 0, 63], [1, 2, 3, 4, 5, 6, 7]], np.int32)
 

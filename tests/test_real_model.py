@@ -6,7 +6,7 @@ import pytest
 
 import kvq_jax
 from kvq_jax import assets
-from kvq_jax.experiment.memory import num_params
+from kvq_jax.capacity.memory import num_params
 from kvq_jax.models.generate import generate
 from tests import real_wikitext
 from tests.loaders import gguf_header

@@ -66,8 +66,7 @@ from flax import struct
 from kvq_jax.cache import hadamard
 from kvq_jax.cache.attention import (block_attention, merge_states,
                                      per_iteration, planar_block_attention)
-from kvq_jax.cache.folded_attention import (folded_block_attention,
-                                            folds_scales)
+from kvq_jax.cache.folded_attention import folded_block_attention, folds_scales
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.kernels.decode_attention import DEFAULT_BLOCK_K, decode_attention
 from kvq_jax.kernels.dispatch import (choose_implementation,
@@ -76,8 +75,7 @@ from kvq_jax.kernels.dispatch import (choose_implementation,
 from kvq_jax.models.rope import Rope
 from kvq_jax.quant import (QuantizedArray, QuantSpec, constant_arrays,
                            dequantize, quantize)
-from kvq_jax.quant.planes import (dequantize_planes, nonfinite_rows,
-                                  plane_count)
+from kvq_jax.quant.planes import dequantize_planes, nonfinite_rows, plane_count
 
 Store = QuantizedArray | jax.Array
 
@@ -486,7 +484,7 @@ class QuantizedLayerCache:
 
   def constant_leaves(self) -> list[jax.Array]:
     """Per-layer constants a format stores (Lloyd-Max codebooks, the key
-    affine's shift and scale); charged by `experiment.memory`. The
+    affine's shift and scale); charged by `capacity.memory`. The
     randomised rotation's signs are regenerated from the seed and cost
     nothing."""
     return layer_constants(self.spec, self.window_k.shape[-1])

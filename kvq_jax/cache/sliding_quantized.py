@@ -12,7 +12,7 @@ mechanics in `cache/sliding.py`). Two differences:
   forbids once the sink leaves the window; so on a local layer the first
   tokens are quantized like any other (queries i < W see them dequantized
   where a global layer with sinks keeps them in full precision), and no
-  sink byte is allocated or charged (`experiment.memory`).
+  sink byte is allocated or charged (`capacity.memory`).
 * Quantized storage is a ring per tensor of
       R_x = round_up(max(W - R, 1), g_x)
   slots (g_x: x's per-channel token group, 1 for a token-local tensor): a
@@ -66,12 +66,12 @@ from flax import struct
 
 from kvq_jax.cache import hadamard
 from kvq_jax.cache.attention import band_mask, block_attention, merge_states
-from kvq_jax.cache.quantized import (Store, attention_output,
-                                     check_key_affine, check_positions,
-                                     committed_end, empty_store, fresh_tokens,
-                                     incoming_tokens, keys_for_scores,
-                                     layer_constants, map_store, read_store,
-                                     round_up, scaled_queries, token_group)
+from kvq_jax.cache.quantized import (Store, attention_output, check_key_affine,
+                                     check_positions, committed_end,
+                                     empty_store, fresh_tokens, incoming_tokens,
+                                     keys_for_scores, layer_constants,
+                                     map_store, read_store, round_up,
+                                     scaled_queries, token_group)
 from kvq_jax.cache.sliding import check_window, ring_update
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.kernels.dispatch import choose_implementation

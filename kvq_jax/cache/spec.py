@@ -7,7 +7,7 @@ along head_dim (axis -1) and per_channel specs group along the tokens
 `QuantSpec.axis` into that layout (`layer(i)` returns the rewritten specs).
 
 Full-precision regions (stored in `window_dtype`, bfloat16 by default, and
-charged in every byte count; see `kvq_jax.experiment.memory`):
+charged in every byte count; see `kvq_jax.capacity.memory`):
   * `sink`: the first S tokens of every sequence (KVQuant's attention sinks);
     dropped on sliding-window (local) layers, which never see a token past
     their window (`cache/sliding_quantized.py`).

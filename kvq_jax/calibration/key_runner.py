@@ -17,14 +17,14 @@ import time
 import ml_collections
 
 from kvq_jax.calibration.key_stats import KeyStatsOptions, key_affines
-from kvq_jax.calibration.key_stats_store import save_key_stats
 from kvq_jax.calibration.recording import record_qkv
 from kvq_jax.calibration.windows import WindowSplit, split_windows
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.windows import text_ids
-from kvq_jax.experiment.settings import (ExperimentSettings,
-                                         settings_from_config)
 from kvq_jax.facade import LoadedModel, load_model
+from kvq_jax.persist.key_stats_store import save_key_stats
+from kvq_jax.settings.experiment_settings import (ExperimentSettings,
+                                                  settings_from_config)
 
 
 @dataclasses.dataclass(frozen=True)

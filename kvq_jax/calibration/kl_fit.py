@@ -17,7 +17,7 @@ the model's own next-token KL to the full-precision cache,
 on calibration windows (from the end of the text, disjoint from the
 evaluation windows), minimised with Adam over all layers at once. The
 forward pass is the quantized cache's, emulated at write time exactly as
-`research.fake_quant` does (sinks included; `FitLayerCache`), with the
+`cache.round_trip` does (sinks included; `FitLayerCache`), with the
 rounding made differentiable by the straight-through estimator (identity
 inside the range [-1, 1] and for kept outliers, zero for clipped values;
 LSQ's): the gradient of a reconstructed key s * exp(theta) * q(z) with
@@ -57,6 +57,7 @@ import optax
 from flax import nnx, struct
 
 from kvq_jax.cache import init_layer_caches
+from kvq_jax.cache import round_trip
 from kvq_jax.cache.dense import write_and_attend
 from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import LayerSpec
@@ -67,7 +68,6 @@ from kvq_jax.calibration.straight_through import (skew_exp,
 from kvq_jax.eval.token_metrics import kl_divergence
 from kvq_jax.models.decoder import Decoder
 from kvq_jax.models.rope import Rope
-from kvq_jax.research import fake_quant
 
 GRANULARITIES = ("channel", "layer")
 TARGETS = ("range", "codebook", "rotation")
@@ -110,8 +110,8 @@ class KLFitOptions:
 
 def check_fittable(layer: LayerSpec, where: str) -> None:
   """ValueError unless `layer` stores static keys in calibrated ranges and
-  is emulated exactly at write time (`fake_quant.check_emulable`)."""
-  fake_quant.check_emulable(layer, where)
+  is emulated exactly at write time (`round_trip.check_emulable`)."""
+  round_trip.check_emulable(layer, where)
   affine = layer.key_affine
   if (layer.k is None or layer.k.scheme != "static" or affine is None
       or affine.mode != "range" or layer.key_rope != "pre"):
@@ -177,12 +177,12 @@ class FitLayerCache:
     z_BxKxTxH = layer.key_affine.normalize(
         jnp.swapaxes(k_BxTxKxH, 1, 2), rotation) / ratio_Kx1xH
     if self.levels_C is None:
-      written = straight_through(z_BxKxTxH, lambda z: fake_quant.round_trip(
+      written = straight_through(z_BxKxTxH, lambda z: round_trip.round_trip(
           z, layer.k, self.dtype, False), bound=1.0)
     else:
       written = static_codebook_round_trip(z_BxKxTxH, self.levels_C, layer.k,
                                            self.dtype)
-    sink = fake_quant.round_trip(z_BxKxTxH, None, self.dtype, False,
+    sink = round_trip.round_trip(z_BxKxTxH, None, self.dtype, False,
                                  window_dtype=layer.window_dtype)
     z_BxKxTxH = self._sinks(written, sink, positions_BxT, axis=2)
     k_hat = layer.key_affine.denormalize(z_BxKxTxH * ratio_Kx1xH, rotation)
@@ -190,7 +190,7 @@ class FitLayerCache:
 
   def _values(self, v_BxTxKxH, positions_BxT):
     layer = self.layer
-    trip = lambda v, window=None: fake_quant.values(
+    trip = lambda v, window=None: round_trip.values(
         v, None if window else layer.v, self.dtype, layer.hadamard_v,
         layer.rotation_key, window)
     written = straight_through(v_BxTxKxH.astype(jnp.float32), trip)

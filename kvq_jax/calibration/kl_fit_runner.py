@@ -23,11 +23,11 @@ import ml_collections
 import numpy as np
 
 from kvq_jax.calibration.key_runner import calibration_inputs
-from kvq_jax.calibration.key_stats_store import save_key_stats
 from kvq_jax.calibration.kl_fit import (KLFit, KLFitOptions, base_log_probs,
                                         fit_params, fitted_affines)
 from kvq_jax.eval.windows import scored_mask
 from kvq_jax.facade import window_forward
+from kvq_jax.persist.key_stats_store import save_key_stats
 
 
 def fit_keys(config: ml_collections.ConfigDict, workdir: str,

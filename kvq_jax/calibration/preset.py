@@ -26,7 +26,7 @@ import ml_collections
 
 from configs import base as base_config
 from kvq_jax.calibration.store import ClipRatios
-from kvq_jax.experiment.short_specs import parse_short_spec, short_name
+from kvq_jax.settings.short_specs import parse_short_spec, short_name
 
 RATIO_DECIMALS = 4
 

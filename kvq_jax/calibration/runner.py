@@ -27,15 +27,15 @@ from kvq_jax.calibration.preset import clip_layer_overrides, write_preset
 from kvq_jax.calibration.recording import record_qkv
 from kvq_jax.calibration.store import ClipRatios, save_clip_ratios
 from kvq_jax.calibration.windows import split_windows
+from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.evaluate import evaluate_many
 from kvq_jax.eval.windows import scored_mask, text_ids
-from kvq_jax.experiment.progress import ProgressBar
-from kvq_jax.experiment.settings import settings_from_config
-from kvq_jax.experiment.short_specs import parse_layer_overrides, short_name
 from kvq_jax.facade import load_model, window_forward
 from kvq_jax.models.decoder import layer_rope
-from kvq_jax.sweep.points import load_preset
+from kvq_jax.settings.experiment_settings import settings_from_config
+from kvq_jax.settings.presets import load_preset
+from kvq_jax.settings.short_specs import parse_layer_overrides, short_name
 
 RATIOS_DIR = "clip_ratios"
 PRESET_FILE = "calibrated.py"

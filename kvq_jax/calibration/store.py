@@ -26,7 +26,7 @@ TREE = "ratios"
 class ClipRatios:
   """Per-layer clip ratios of K and V and the unclipped specs they refine.
 
-  k_specs / v_specs: short spec names (`kvq_jax.experiment.short_specs`)
+  k_specs / v_specs: short spec names (`kvq_jax.settings.short_specs`)
   without `_clip`, 'fp' for full precision (ratio 1.0 there).
   """
 

@@ -51,14 +51,15 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from kvq_jax.bench.process_memory import peak_rss_gib
+from kvq_jax.bench.timing import machine_description
 from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.paired import window_mean
 from kvq_jax.eval.token_metrics import compare_logits
 from kvq_jax.eval.uncertainty_format import format_mean_stderr
 from kvq_jax.eval.windows import make_windows, text_ids, text_per_window
-from kvq_jax.experiment.progress import ProgressBar
-from kvq_jax.experiment.timing import machine_description, peak_rss_gib
 from kvq_jax.longctx import decoding
 from kvq_jax.models.runtime import Runtime
 

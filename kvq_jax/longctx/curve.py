@@ -33,21 +33,20 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from kvq_jax.bench.process_memory import (peak_rss_gib, release_freed_memory,
+                                          reset_peak_rss)
+from kvq_jax.bench.timing import machine_description
+from kvq_jax.capacity import memory
+from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.evaluate import evaluate_many
 from kvq_jax.eval.windows import (logits_needed, make_windows, scored_mask,
                                   text_ids, text_per_window)
-from kvq_jax.experiment import memory
-from kvq_jax.experiment.progress import ProgressBar
-from kvq_jax.experiment.settings import settings_from_config
-from kvq_jax.experiment.process_memory import (peak_rss_gib,
-                                               release_freed_memory,
-                                               reset_peak_rss)
-from kvq_jax.experiment.timing import machine_description
 from kvq_jax.facade import (chunked_window_forward, clear_compiled_windows,
                             load_model)
 from kvq_jax.longctx.curve_plot import curve_plot
 from kvq_jax.longctx.curve_table import summary_markdown, write_csv
+from kvq_jax.settings.experiment_settings import settings_from_config
 from kvq_jax.sweep.grid import SweepPoint
 from kvq_jax.sweep.points import parse_points
 from kvq_jax.sweep.runner import unique_points

@@ -13,7 +13,7 @@ from kvq_jax.eval.uncertainty_format import (describe_delta_ci,
 # names; `seconds` is the point's own forward at that context (compilation
 # included), `baseline_seconds` the shared baseline's, `peak_rss_gib` the
 # process's peak while evaluating that context (all its caches; the
-# resident model included; `experiment.process_memory`).
+# resident model included; `bench.process_memory`).
 COLUMNS = (
     "name", "source", "context", "num_windows", "num_scored_tokens",
     "scoring", "prefill_chunk", "bits_per_element", "stored_bits_per_element",

@@ -56,10 +56,11 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from kvq_jax.bench.process_memory import peak_rss_gib
+from kvq_jax.bench.timing import machine_description
+from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.windows import text_ids
-from kvq_jax.experiment.progress import ProgressBar
-from kvq_jax.experiment.timing import machine_description, peak_rss_gib
 from kvq_jax.longctx import decoding
 from kvq_jax.models.runtime import Runtime
 from kvq_jax.research.heatmap import plot_heatmaps

@@ -69,7 +69,7 @@ def constant_arrays(spec: QuantSpec | None, last_dim: int) -> list[np.ndarray]:
   """Per-tensor constants a format needs besides its leaves: the Lloyd-Max
   codebook (2^bits float32 centroids) of a lloyd_max spec, a static spec's
   calibrated levels (float32), else none. Charged once per layer by
-  `kvq_jax.experiment.memory`."""
+  `kvq_jax.capacity.memory`."""
   if spec is not None and spec.levels:
     return [np.asarray(spec.levels, np.float32)]
   if spec is None or not spec.is_codebook:

@@ -10,7 +10,7 @@ kv_bits_per_element counts it); the budget bounds the mean over the 2L
 tensors (they hold equally many elements). With `FullPrecisionSlots` (the
 sensitivity table's `meta.full_precision_slots`) a quantized format is
 charged its effective bits at the table's context instead, as
-`experiment.memory` counts them on a global layer: the sinks and the
+`capacity.memory` counts them on a global layer: the sinks and the
 window slots it keeps (R + F - 1, F its per-channel token group unless the
 spec fixes a flush block) in the window dtype, the other tokens at its
 stored bits; a per-channel format's window then costs what it holds (31
@@ -32,8 +32,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from kvq_jax.experiment.short_specs import parse_short_spec, short_name
 from kvq_jax.quant import cache_bits_per_element
+from kvq_jax.settings.short_specs import parse_short_spec, short_name
 
 FULL_PRECISION = "fp"
 DAMAGE_METRICS = ("delta_ppl", "kl_mean")

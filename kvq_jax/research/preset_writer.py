@@ -2,7 +2,7 @@
 
 The preset builds on `configs/base.py`: the most common K and V formats
 become cache.k / cache.v, every other layer a `cache.layer_overrides` entry
-(short names, `experiment.short_specs`). Model, dtypes, key_rope, Hadamard,
+(short names, `settings.short_specs`). Model, dtypes, key_rope, Hadamard,
 key statistics, sinks, residual, flush block and eval settings are copied from the sensitivity run, so `experiments.run`
 scores the same windows the prediction came from.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import collections
 import pathlib
 
-from kvq_jax.experiment.short_specs import parse_short_spec
 from kvq_jax.research.allocator import Allocation
+from kvq_jax.settings.short_specs import parse_short_spec
 
 _COPIED = (("model", ("model",)), ("dtype", ("dtype",)),
            ("eval.num_windows", ("eval", "num_windows")),

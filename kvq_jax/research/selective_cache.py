@@ -8,7 +8,7 @@ format is an int32 leaf per tensor:
   k_choice / v_choice = 0  -> full precision (exactly `DenseLayerCache`),
   k_choice / v_choice = i  -> `spec.k_formats[i - 1]` / `spec.v_formats[i - 1]`,
 
-applied as quantize -> dequantize round trips (`research.fake_quant`, via
+applied as quantize -> dequantize round trips (`cache.round_trip`, via
 `lax.switch`, so only the chosen branch runs). The candidate formats are
 static; the choices vary per call without recompiling.
 
@@ -53,14 +53,14 @@ import jax.numpy as jnp
 from flax import struct
 
 from kvq_jax.cache import init_layer_caches
-from kvq_jax.cache.attention import (band_mask, block_attention,
-                                     gqa_attention, merge_states)
+from kvq_jax.cache import round_trip
+from kvq_jax.cache.attention import (band_mask, block_attention, gqa_attention,
+                                     merge_states)
 from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import KEY_ROPE, CacheSpec, to_cache_layout
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.rope import Rope
 from kvq_jax.quant import QuantSpec
-from kvq_jax.research import fake_quant
 
 FULL_PRECISION = 0  # The choice index of the full-precision branch.
 EMULATED = ("per_token", "per_group", "per_channel")
@@ -212,7 +212,7 @@ class SelectiveLayerCache:
     """Branch of the K switch: (quantized view, full-precision view, F)."""
     s = self.spec
     pre_round = s.window_dtype if s.keeps_window(fmt) else None
-    trip = lambda k, p, **kw: fake_quant.keys(
+    trip = lambda k, p, **kw: round_trip.keys(
         k, p, rope, fmt, s.dtype, s.key_rope, s.hadamard_k, s.rotation_key,
         s.key_affine if fmt is not None else None, **kw)
     return lambda k, p: (
@@ -222,7 +222,7 @@ class SelectiveLayerCache:
   def _value_views(self, fmt: QuantSpec | None):
     s = self.spec
     pre_round = s.window_dtype if s.keeps_window(fmt) else None
-    trip = lambda v, **kw: fake_quant.values(
+    trip = lambda v, **kw: round_trip.values(
         v, fmt, s.dtype, s.hadamard_v, s.rotation_key, **kw)
     return lambda v: (trip(v, pre_round=pre_round, token_start=s.sink),
                       trip(v, window_dtype=s.window_dtype),
@@ -259,9 +259,9 @@ class SelectiveLayerCache:
                         + s.v_formats], v_BxTxKxH)
     quantizing = (self.k_choice != FULL_PRECISION) | (
         self.v_choice != FULL_PRECISION)
-    k_dense = fake_quant.keys(k_BxTxKxH, positions_BxT, rope, None, s.dtype,
+    k_dense = round_trip.keys(k_BxTxKxH, positions_BxT, rope, None, s.dtype,
                               s.key_rope, False)
-    v_dense = fake_quant.values(v_BxTxKxH, None, s.dtype, False)
+    v_dense = round_trip.values(v_BxTxKxH, None, s.dtype, False)
     k_q = jnp.where(quantizing, k_q, k_dense)
     v_q = jnp.where(quantizing, v_q, v_dense)
     tok_T = jnp.arange(t, dtype=jnp.int32)

@@ -33,8 +33,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kvq_jax.eval.evaluate import Forward, evaluate_many
-from kvq_jax.experiment.short_specs import parse_short_spec, short_name
 from kvq_jax.research.selective_forward import SelectiveForward
+from kvq_jax.settings.short_specs import parse_short_spec, short_name
 
 MODES = ("all", "only", "all_but_one")
 TENSORS = ("K", "V", "KV")

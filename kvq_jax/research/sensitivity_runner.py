@@ -1,6 +1,6 @@
 """`experiments.layer_sensitivity`'s one library call.
 
-Loads the model and text like `experiment.runner.run`, sweeps the base
+Loads the model and text like `run.runner.run`, sweeps the base
 preset layer by layer (and any extra `formats`) with one compiled
 `SelectiveForward`, checks the all-layers probe against the real quantized
 cache, and writes into `workdir`:
@@ -22,18 +22,17 @@ import numpy as np
 from absl import logging
 
 from kvq_jax.calibration.windows import split_windows
+from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.windows import make_windows, scored_mask, text_ids
-from kvq_jax.experiment.progress import ProgressBar
-from kvq_jax.experiment.settings import settings_from_config
-from kvq_jax.experiment.short_specs import parse_short_spec, short_name
 from kvq_jax.facade import load_model, window_forward
 from kvq_jax.research import sensitivity_table as table_lib
 from kvq_jax.research.heatmap import plot_heatmaps
 from kvq_jax.research.selective_cache import layer_specs
 from kvq_jax.research.selective_forward import SelectiveForward
-from kvq_jax.research.sensitivity import (check_formats, plan_probes,
-                                          run_sweep)
+from kvq_jax.research.sensitivity import check_formats, plan_probes, run_sweep
+from kvq_jax.settings.experiment_settings import settings_from_config
+from kvq_jax.settings.short_specs import parse_short_spec, short_name
 
 OUTPUTS = ("sensitivity.json", "sensitivity.csv", "heatmap.png",
            "summary.txt")

@@ -13,8 +13,8 @@ import dataclasses
 from typing import Sequence
 
 from kvq_jax.cache.spec import CacheSpec
-from kvq_jax.experiment.short_specs import short_name
 from kvq_jax.quant import FORMATS, QuantSpec
+from kvq_jax.settings.short_specs import short_name
 
 SCHEME_NAMES = {"sym": "symmetric", "symmetric": "symmetric",
                 "narrow": "symmetric_narrow",

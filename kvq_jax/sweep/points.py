@@ -3,7 +3,7 @@
 `--points` is a comma-separated list; each item is one of
   * a preset name (`configs/NAME.py`, e.g. `k8v4`, `kivi2`) or a path to a
     preset file (`.../my_preset.py`): that preset's whole cache spec;
-  * `KSPEC[/VSPEC][:OPT...]`: short specs (`kvq_jax.experiment.short_specs`,
+  * `KSPEC[/VSPEC][:OPT...]`: short specs (`kvq_jax.settings.short_specs`,
     e.g. `int4_g32`, `int2_pc32_asym`, `int4_g32_asym_clip0.9`; VSPEC
     defaults to KSPEC) on top of the base preset's cache settings, with
     options `pre` / `post` (key_rope), `hadk`, `hadv`, `had` (both),
@@ -20,30 +20,19 @@ Example: `int4_g32,k8v4,int4_pc32_asym/int4_g32_asym:pre:hadv:r128`.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
 
-import ml_collections
 
 from kvq_jax.cache.spec import CacheSpec
-from kvq_jax.experiment.config_flag import CONFIG_DIR, resolve_config_path
-from kvq_jax.experiment.settings import settings_from_config
-from kvq_jax.experiment.short_specs import parse_short_spec
+from kvq_jax.settings.experiment_settings import settings_from_config
+from kvq_jax.settings.presets import CONFIG_DIR, load_preset
+from kvq_jax.settings.short_specs import parse_short_spec
 from kvq_jax.sweep.grid import SweepPoint, check_head_dim
 
 _OPTION = re.compile(r"^(?:(?P<flag>pre|post|hadk|hadv|had|nohad|noaff)|"
                      r"rs(?P<rs>\d+)|"
                      r"r(?P<r>\d+)|"
                      r"s(?P<s>\d+)|f(?P<f>\d+))$")
-
-
-def load_preset(name_or_path: str) -> ml_collections.ConfigDict:
-  """A preset's `get_config()`: a name in configs/ or a path to a .py file."""
-  path = resolve_config_path(name_or_path)
-  module_spec = importlib.util.spec_from_file_location("_kvq_preset", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def _preset_spec(name_or_path: str) -> CacheSpec | None:

@@ -21,14 +21,15 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
+from kvq_jax.bench.process_memory import peak_rss_gib
+from kvq_jax.bench.timing import machine_description
+from kvq_jax.capacity import memory
+from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.evaluate import evaluate_many
 from kvq_jax.eval.windows import make_windows, scored_mask, text_ids
-from kvq_jax.experiment import memory
-from kvq_jax.experiment.progress import ProgressBar
-from kvq_jax.experiment.settings import settings_from_config
-from kvq_jax.experiment.timing import machine_description, peak_rss_gib
 from kvq_jax.facade import load_model, window_forward
+from kvq_jax.settings.experiment_settings import settings_from_config
 from kvq_jax.sweep.grid import Skipped, SweepPoint, expand_grid
 from kvq_jax.sweep.pareto import pareto_front
 from kvq_jax.sweep.plot import pareto_plot

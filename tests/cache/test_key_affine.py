@@ -13,7 +13,7 @@ from kvq_jax.cache.dense import DenseLayerCache
 from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.quantized import QuantizedLayerCache
 from kvq_jax.cache.spec import CacheSpec, LayerSpec
-from kvq_jax.experiment import memory
+from kvq_jax.capacity import memory
 from kvq_jax.models.rope import Rope
 from kvq_jax.quant import QuantSpec, codebook
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import pytest
 
+from kvq_jax.bench.decode_bench import decode_step_memory
 from kvq_jax.cache.spec import CacheSpec
-from kvq_jax.experiment.decode_bench import decode_step_memory
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.models.runtime import Runtime

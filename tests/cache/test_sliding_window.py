@@ -38,12 +38,12 @@ from kvq_jax.cache.sliding import SlidingDenseLayerCache, ring_tokens
 from kvq_jax.cache.sliding_quantized import (SlidingQuantizedLayerCache,
                                              local_layer_spec, ring_slots)
 from kvq_jax.cache.spec import CacheSpec
-from kvq_jax.experiment.settings import settings_from_config
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.models.rope import Rope
 from kvq_jax.models.runtime import Runtime
 from kvq_jax.quant import QuantSpec
+from kvq_jax.settings.experiment_settings import settings_from_config
 
 B, K, N, H = 2, 2, 4, 16
 TOTAL = 40  # Tokens fed: five wraps of an 8-token window.

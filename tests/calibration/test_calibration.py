@@ -19,10 +19,10 @@ from kvq_jax.calibration.recording import LayerRecord, RecordingLayerCache
 from kvq_jax.calibration.store import (ClipRatios, load_clip_ratios,
                                        save_clip_ratios)
 from kvq_jax.calibration.windows import assert_disjoint, split_windows
-from kvq_jax.experiment import config_flag
-from kvq_jax.experiment.settings import settings_from_config
+from kvq_jax.cli import config_flag
 from kvq_jax.models.rope import Rope
 from kvq_jax.quant import QuantSpec, dequantize, quantize
+from kvq_jax.settings.experiment_settings import settings_from_config
 
 ROPE = Rope(theta=10000.0, rotary_dim=32)
 

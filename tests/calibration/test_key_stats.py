@@ -7,17 +7,17 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kvq_jax.calibration.key_runner import calibrate_keys
 from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.calibration.key_runner import calibrate_keys
 from kvq_jax.calibration.key_stats import (KeyStatsOptions, key_affines,
                                            layer_affine, weighted_lloyd,
                                            weighted_principal_axes)
-from kvq_jax.calibration.key_stats_store import load_key_stats, save_key_stats
 from kvq_jax.calibration.recording import LayerRecord
-from kvq_jax.experiment.settings import settings_from_config
+from kvq_jax.persist.key_stats_store import load_key_stats, save_key_stats
+from kvq_jax.settings.experiment_settings import settings_from_config
 
 from kvq_jax.quant import QuantSpec
-from tests.experiment import tiny_hf_model
+from tests.fixtures import tiny_hf_model
 
 
 def _record(k_pre, q):

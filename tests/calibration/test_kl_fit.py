@@ -13,7 +13,6 @@ from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.calibration.key_runner import calibrate_keys
 from kvq_jax.calibration.key_stats import KeyStatsOptions, key_affines
-from kvq_jax.calibration.key_stats_store import load_key_stats, save_key_stats
 from kvq_jax.calibration.kl_fit import (KLFit, KLFitOptions, base_log_probs,
                                         check_fittable, fit_params,
                                         fitted_affines, initial_params,
@@ -22,8 +21,9 @@ from kvq_jax.calibration.kl_fit_runner import fit_keys
 from kvq_jax.calibration.recording import record_qkv
 from kvq_jax.facade import LoadedModel, window_forward
 from kvq_jax.models.params import decoder_from_params, random_params
+from kvq_jax.persist.key_stats_store import load_key_stats, save_key_stats
 from kvq_jax.quant import QuantSpec
-from tests.experiment import tiny_hf_model
+from tests.fixtures import tiny_hf_model
 from tests.models.tiny import TINY
 
 T = 24

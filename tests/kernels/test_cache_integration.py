@@ -29,12 +29,12 @@ from configs import base as base_config
 from kvq_jax.cache.factory import init_cache
 from kvq_jax.cache.quantized import QuantizedLayerCache, committed_end
 from kvq_jax.cache.spec import CacheSpec, LayerSpec
-from kvq_jax.experiment.settings import settings_from_config
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.models.rope import Rope
 from kvq_jax.models.runtime import Runtime
 from kvq_jax.quant import QuantSpec
+from kvq_jax.settings.experiment_settings import settings_from_config
 
 ON_CPU = jax.default_backend() == "cpu"
 CONFIG = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=128,

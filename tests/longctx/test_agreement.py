@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from kvq_jax.experiment import config_flag
+from kvq_jax.cli import config_flag
 from kvq_jax.facade import load_model
 from kvq_jax.longctx import agreement, decoding
 from kvq_jax.models.runtime import Runtime

@@ -11,16 +11,15 @@ import numpy as np
 import pytest
 
 from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.cli import config_flag
 from kvq_jax.eval.evaluate import evaluate_many
 from kvq_jax.eval.windows import (check_scoring, logits_needed, scored_mask)
-from kvq_jax.experiment import config_flag
-from kvq_jax.facade import (LoadedModel, chunked_window_forward,
-                            window_forward)
+from kvq_jax.facade import LoadedModel, chunked_window_forward, window_forward
 from kvq_jax.longctx import curve
 from kvq_jax.longctx.curve_table import COLUMNS
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.quant import QuantSpec
-from tests.experiment import tiny_hf_model
+from tests.fixtures import tiny_hf_model
 from tests.models.tiny import TINY
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

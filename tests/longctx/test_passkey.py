@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from kvq_jax.experiment import config_flag
+from kvq_jax.cli import config_flag
 from kvq_jax.loaders.tokenizer import TextTokenizer, load_hf_tokenizer
 from kvq_jax.longctx import passkey
 from tests.longctx import tiny_model

@@ -1,7 +1,7 @@
 """A tiny random llama checkpoint whose word-level tokenizer knows the
 passkey prompt's words and every digit (one token per word or digit).
 
-The weights and config are `tests.experiment.tiny_hf_model`'s (V=64,
+The weights and config are `tests.fixtures.tiny_hf_model`'s (V=64,
 max_position_embeddings=512); only tokenizer.json differs, so prompt
 lengths are easy to count by hand: `count_tokens` is the number of words,
 punctuation marks and digits of a text.
@@ -15,7 +15,7 @@ import re
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from kvq_jax.longctx import passkey
-from tests.experiment import tiny_hf_model
+from tests.fixtures import tiny_hf_model
 
 SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2 (the config's bos / eos).
 TRAINING = (passkey.TASK, passkey.FILLER_SENTENCES, passkey.NEEDLE,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvq_jax.experiment import config_flag
-from kvq_jax.experiment.settings import settings_from_config
-from kvq_jax.experiment.short_specs import parse_short_spec
-from kvq_jax.research import allocator, preset_writer, sensitivity_table
+from kvq_jax.cli import config_flag
+from kvq_jax.research import allocator
+from kvq_jax.research import preset_writer
+from kvq_jax.research import sensitivity_table
+from kvq_jax.settings.experiment_settings import settings_from_config
+from kvq_jax.settings.short_specs import parse_short_spec
 
 H, FP = 64, 32
 FORMATS = ("int8", "int4_g32", "int2_g32_asym")

@@ -9,14 +9,15 @@ import pytest
 
 import kvq_jax
 from kvq_jax.cache.spec import CacheSpec
-from kvq_jax.experiment import config_flag
-from kvq_jax.experiment.short_specs import parse_short_spec
+from kvq_jax.cli import config_flag
 from kvq_jax.facade import window_forward
 from kvq_jax.research import sensitivity_table
 from kvq_jax.research.sensitivity import check_formats, plan_probes
 from kvq_jax.research.sensitivity_runner import (OUTPUTS, probe_windows,
-                                                run_layer_sensitivity)
-from tests.experiment import numpy_metrics, tiny_hf_model
+                                                 run_layer_sensitivity)
+from kvq_jax.settings.short_specs import parse_short_spec
+from tests.fixtures import numpy_metrics
+from tests.fixtures import tiny_hf_model
 
 L = tiny_hf_model.L
 

@@ -27,9 +27,9 @@ import time
 import numpy as np
 import pytest
 
-from kvq_jax.experiment import runner
+from kvq_jax.run import runner
 from kvq_jax.sharding import distributed
-from tests.experiment import tiny_hf_model
+from tests.fixtures import tiny_hf_model
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 150  # Both processes; a hang (e.g. a missed collective) fails.

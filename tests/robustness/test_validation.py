@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 
 from kvq_jax.cache.factory import init_cache
+from kvq_jax.cli import config_flag
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.windows import make_windows
-from kvq_jax.experiment import config_flag
-from kvq_jax.experiment.settings import settings_from_config
 from kvq_jax.models.config import ModelConfig
+from kvq_jax.settings.experiment_settings import settings_from_config
 from kvq_jax.sharding import make_mesh, parse_mesh_shape
 
 

@@ -8,10 +8,10 @@ import pathlib
 import jax.numpy as jnp
 import pytest
 
-from kvq_jax.experiment import memory
+from kvq_jax.capacity import memory
 from kvq_jax.loaders import load_config
 from kvq_jax.sweep.points import parse_points
-from tests.experiment.tiny_hf_model import write_tiny_model
+from tests.fixtures.tiny_hf_model import write_tiny_model
 
 _SCRIPT = (pathlib.Path(__file__).resolve().parents[2] / "scripts"
            / "effective_bits.py")

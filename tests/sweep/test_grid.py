@@ -7,8 +7,8 @@ import pytest
 
 from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import CacheSpec
-from kvq_jax.experiment.short_specs import parse_short_spec
 from kvq_jax.quant import QuantSpec
+from kvq_jax.settings.short_specs import parse_short_spec
 from kvq_jax.sweep import runner
 from kvq_jax.sweep.grid import expand_grid, point_name
 from kvq_jax.sweep.points import parse_points

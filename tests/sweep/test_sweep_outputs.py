@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from kvq_jax.experiment import config_flag
+from kvq_jax.cli import config_flag
 from kvq_jax.sweep import reference
 from kvq_jax.sweep.plot import pareto_plot
 from kvq_jax.sweep.runner import SweepRequest, run_sweep
 from kvq_jax.sweep.table import read_csv, text_table, write_csv
-from tests.experiment import tiny_hf_model
+from tests.fixtures import tiny_hf_model
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,0 +1,100 @@
+"""Calibrated key affines on disk: an orbax pytree plus a JSON sidecar.
+
+Layout of a key-stats directory:
+  affine/          orbax StandardCheckpointer: {"shift": float32 [L, K, H],
+                   "scale": float32 [L, K, H], "codebook_B": float32
+                   [L, 2^B] for each calibrated bit width B, "rotation":
+                   float32 [L, K, H, H] when calibrated rotations are in
+                   use}
+  key_stats.json   shapes, the affines' mode ("std" or "range"), the
+                   options and where the calibration data came from (model,
+                   text, token range).
+A preset loads it with `config.cache.key_stats = 'DIR'`
+(`kvq_jax.settings.experiment_settings`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+from typing import Any, Sequence
+
+import numpy as np
+import orbax.checkpoint as ocp
+
+from kvq_jax.cache.key_affine import KeyAffine
+
+SIDECAR = "key_stats.json"
+TREE = "affine"
+
+
+def save_key_stats(path: str | os.PathLike, affines: Sequence[KeyAffine],
+                   metadata: dict[str, Any]) -> pathlib.Path:
+  """Writes `path`/affine (orbax) and `path`/key_stats.json (overwrites)."""
+  root = pathlib.Path(path).absolute()
+  root.mkdir(parents=True, exist_ok=True)
+  shift = np.stack([a.arrays()[0] for a in affines])
+  scale = np.stack([a.arrays()[1] for a in affines])
+  bits = sorted({b for a in affines for b, _ in a.codebooks})
+  if any(sorted(dict(a.codebooks)) != bits for a in affines):
+    raise ValueError("save_key_stats: every layer needs codebooks for the "
+                     "same bit widths.")
+  tree = {"shift": shift, "scale": scale}
+  rotated = {bool(a.rotation) for a in affines}
+  if len(rotated) != 1:
+    raise ValueError("save_key_stats: either every layer has a calibrated "
+                     "rotation or none has.")
+  rotated = rotated.pop()
+  if rotated:
+    tree["rotation"] = np.stack([a.rotation_array() for a in affines])
+  for b in bits:
+    tree[f"codebook_{b}"] = np.stack(
+        [np.asarray(a.levels(b), np.float32) for a in affines])
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(root / TREE, tree, force=True)
+  checkpointer.wait_until_finished()
+  modes = {a.mode for a in affines}
+  if len(modes) != 1:
+    raise ValueError(f"save_key_stats: affines of modes {sorted(modes)}; "
+                     "allowed: one mode for all layers.")
+  (root / SIDECAR).write_text(json.dumps(
+      {"shape": list(shift.shape), "mode": modes.pop(),
+       "codebook_bits": bits, "rotation": rotated,
+       "metadata": metadata}, indent=1))
+  return root
+
+
+@functools.lru_cache(maxsize=8)
+def _load(root: str, mtime_ns: int) -> tuple[KeyAffine, ...]:
+  del mtime_ns  # part of the cache key: a rewritten directory reloads.
+  sidecar = json.loads((pathlib.Path(root) / SIDECAR).read_text())
+  shape = tuple(sidecar["shape"])
+  bits = sidecar.get("codebook_bits", [])
+  target = {"shift": np.empty(shape, np.float32),
+            "scale": np.empty(shape, np.float32)}
+  for b in bits:
+    target[f"codebook_{b}"] = np.empty((shape[0], 2 ** b), np.float32)
+  rotated = sidecar.get("rotation", False)
+  if rotated:
+    target["rotation"] = np.empty(shape + shape[-1:], np.float32)
+  tree = ocp.StandardCheckpointer().restore(pathlib.Path(root) / TREE, target)
+  mode = sidecar.get("mode", "std")  # written before modes existed: std.
+  return tuple(
+      KeyAffine.from_arrays(
+          tree["shift"][i], tree["scale"][i], mode,
+          {b: np.asarray(tree[f"codebook_{b}"][i]) for b in bits},
+          tree["rotation"][i] if rotated else None)
+      for i in range(shape[0]))
+
+
+def load_key_stats(path: str | os.PathLike) -> tuple[KeyAffine, ...]:
+  """The per-layer affines `save_key_stats` wrote (ValueError if missing)."""
+  root = pathlib.Path(path).absolute()
+  if not (root / SIDECAR).is_file() or not (root / TREE).is_dir():
+    raise ValueError(
+        f"key stats: {str(root)!r} has no {SIDECAR} and {TREE}/; allowed: a "
+        "directory written by `python -m experiments.calibrate_keys` (its "
+        "preset's docstring gives the command).")
+  return _load(str(root), (root / SIDECAR).stat().st_mtime_ns)

@@ -1,0 +1,170 @@
+"""ConfigDict -> frozen, validated settings: the config/code boundary."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.eval.windows import SCORINGS, check_scoring
+from kvq_jax.facade import parse_dtype
+from kvq_jax.persist.key_stats_store import load_key_stats
+from kvq_jax.quant import QuantSpec
+from kvq_jax.settings.short_specs import parse_layer_overrides
+
+KV_TYPES = ("none", "int", "fp8_e4m3", "fp8_e5m2")
+IMPLEMENTATIONS = ("xla", "pallas")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+  num_windows: int
+  window_len: int
+  scoring: str
+  batch_size: int
+  # Tokens per prefill call of a chunked evaluation (context_curve).
+  prefill_chunk: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySettings:
+  budget_gib: float | None  # None: the weights plus 1 GiB (memory_report).
+  weight_bytes_per_param: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeBenchSettings:
+  batch_size: int
+  context: int
+  steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentSettings:
+  model: str
+  dtype: str
+  eval: EvalSettings
+  quantize: bool
+  cache_spec: CacheSpec | None
+  cache_dtype: str
+  attention_impl: str
+  memory: MemorySettings
+  decode_bench: DecodeBenchSettings
+
+
+def _positive(value, field: str, minimum: int = 1) -> int:
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(
+        f"config.{field}={value!r}: allowed: an integer >= {minimum}.")
+  return value
+
+
+def quant_spec_from_config(kv: ml_collections.ConfigDict,
+                           field: str) -> QuantSpec | None:
+  """config.cache.k / .v -> QuantSpec (None for type='none')."""
+  if kv.type not in KV_TYPES:
+    raise ValueError(
+        f"config.{field}.type={kv.type!r}: allowed: {', '.join(KV_TYPES)}.")
+  if kv.type == "none":
+    return None
+  if kv.type == "int":
+    if kv.bits not in (8, 5, 4, 3, 2):
+      raise ValueError(
+          f"config.{field}.bits={kv.bits!r}: allowed for type='int': 8, 5, "
+          "4, 3, 2.")
+    fmt = f"int{kv.bits}"
+  else:
+    fmt = kv.type
+  try:
+    return QuantSpec(
+        format=fmt, scheme=kv.scheme, granularity=kv.granularity,
+        group_size=kv.group_size or None, clip_ratio=float(kv.clip_ratio),
+        scale_dtype=kv.scale_dtype, rounding=kv.get("rounding", "kvq"),
+        outliers=kv.get("outliers", 0))
+  except ValueError as e:
+    raise ValueError(f"config.{field}: {e}") from e
+
+
+def _key_affines(path: str) -> tuple:
+  """config.cache.key_stats: '' -> (), a directory -> its per-layer
+  `KeyAffine`s (`kvq_jax.persist.key_stats_store`)."""
+  return load_key_stats(path) if path else ()
+
+
+def _rotation_seed(value: int) -> int | None:
+  """config.cache.rotation_seed: -1 -> None (plain Hadamard), N >= 0 -> N."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+    raise ValueError(
+        f"config.cache.rotation_seed={value!r}: allowed: -1 (plain Hadamard) "
+        "or an integer >= 0 (randomised Hadamard seed).")
+  return None if value == -1 else value
+
+
+def settings_from_config(config: ml_collections.ConfigDict
+                         ) -> ExperimentSettings:
+  ev = config.eval
+  if ev.num_windows < 0:
+    raise ValueError(
+        f"config.eval.num_windows={ev.num_windows}: allowed: >= 1, or 0 for "
+        "every whole window of the text.")
+  try:
+    check_scoring(ev.scoring)
+  except ValueError:
+    raise ValueError(
+        f"config.eval.scoring={ev.scoring!r}: allowed: "
+        f"{', '.join(SCORINGS)}, last_N (N >= 1, e.g. last_256).") from None
+  eval_settings = EvalSettings(
+      num_windows=ev.num_windows,
+      window_len=_positive(ev.window_len, "eval.window_len", minimum=2),
+      scoring=ev.scoring,
+      batch_size=_positive(ev.batch_size, "eval.batch_size"),
+      prefill_chunk=_positive(ev.prefill_chunk, "eval.prefill_chunk"))
+  parse_dtype(config.dtype, "config.dtype")
+  cache = config.cache
+  cache_dtype = cache.dtype or config.dtype
+  parse_dtype(cache_dtype, "config.cache.dtype")
+  k = quant_spec_from_config(cache.k, "cache.k")
+  v = quant_spec_from_config(cache.v, "cache.v")
+  overrides = parse_layer_overrides(cache.layer_overrides)
+  spec = None
+  if k is not None or v is not None or overrides:
+    try:
+      spec = CacheSpec(
+          k=k, v=v, layer_overrides=overrides, residual=cache.residual,
+          flush_block=cache.flush_block or None, sink=cache.sink,
+          key_rope=cache.key_rope, hadamard_k=cache.hadamard_k,
+          hadamard_v=cache.hadamard_v,
+          rotation_seed=_rotation_seed(cache.get("rotation_seed", -1)),
+          key_affines=_key_affines(cache.get("key_stats", "")),
+          block_size=cache.block_size,
+          attention_impl=config.attention.impl,
+          window_dtype=cache.window_dtype)
+    except ValueError as e:
+      raise ValueError(f"config.cache: {e}") from e
+  if config.attention.impl not in IMPLEMENTATIONS:
+    raise ValueError(
+        f"config.attention.impl={config.attention.impl!r}: allowed: "
+        f"{', '.join(IMPLEMENTATIONS)}.")
+  if config.memory.budget_gib < 0:
+    raise ValueError(
+        f"config.memory.budget_gib={config.memory.budget_gib}: allowed: a "
+        "number of GiB > 0, or 0 for the weights plus 1 GiB.")
+  weight_bytes = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0,
+                  "int8": 1.0, "int4": 0.5}
+  if config.memory.weight_dtype not in weight_bytes:
+    raise ValueError(
+        f"config.memory.weight_dtype={config.memory.weight_dtype!r}: allowed: "
+        f"{', '.join(weight_bytes)}.")
+  db = config.decode_bench
+  return ExperimentSettings(
+      model=config.model, dtype=config.dtype, eval=eval_settings,
+      quantize=bool(config.quantize), cache_spec=spec, cache_dtype=cache_dtype,
+      attention_impl=config.attention.impl,
+      memory=MemorySettings(
+          budget_gib=float(config.memory.budget_gib) or None,
+          weight_bytes_per_param=weight_bytes[config.memory.weight_dtype]),
+      decode_bench=DecodeBenchSettings(
+          batch_size=_positive(db.batch_size, "decode_bench.batch_size"),
+          context=_positive(db.context, "decode_bench.context"),
+          steps=_positive(db.steps, "decode_bench.steps")))

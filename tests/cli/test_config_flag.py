@@ -1,0 +1,179 @@
+"""The --config flag, the presets in configs/, and dotted overrides."""
+
+from __future__ import annotations
+
+import pathlib
+
+from absl import flags
+import ml_collections
+import numpy as np
+import pytest
+
+from kvq_jax.cache.key_affine import KeyAffine
+from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.capacity.memory import cache_bytes, theoretical_bits
+from kvq_jax.cli import config_flag
+from kvq_jax.cli.config_flag import DEFINE_preset_config
+from kvq_jax.persist.key_stats_store import save_key_stats
+from kvq_jax.settings.experiment_settings import settings_from_config
+from kvq_jax.settings.presets import CONFIG_DIR, available_presets
+from tests.fixtures.smollm2 import SMOLLM2
+
+# Bits per element each preset's docstring promises at head_dim 64 (None:
+# full precision, no CacheSpec).
+PRESET_BITS = {
+    "baseline": None, "bf16": None, "fp16": None,
+    "fp8_e4m3": 8.25, "fp8_e5m2": 8.25, "int8": 8.25,
+    "int4_g32": 4.5, "int4_g32_asym": 5.0, "int4_g128": 4.25,
+    "int2_g32_asym": 3.0, "k8v4": 6.5, "kivi2": 3.0, "kivi4": 5.0,
+    "kvq4": 5.0,
+    # llama.cpp's cache types: float16 d (and m) per 32 elements.
+    "q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0, "q5_0": 5.5, "q5_1": 6.0,
+    # Measured here on SmolLM2's shapes (H=64): 27 layers at 5 bits, layers
+    # 5, 11, 17 at int8 per token (8 + 16/64).
+    "gemma3_int4_global8": (27 * 5.0 + 3 * 8.25) / 30,
+    # Lloyd-Max codes + one bfloat16 scale per 64-element head vector; kvq4
+    # keys (5.0) with int4_lm values (4.25).
+    "tq4": 4.25, "tq3": 3.25, "tq2": 2.25, "kvq4_lmv": (5.0 + 4.25) / 2,
+    # Allocated mixes of int5_lm..int2_lm (b + 0.25 bits): the allocator's
+    # achieved means.
+    "tqmix500": 4.9167, "tqmix425": 4.1667, "tqmix325": 3.1667,
+    "tqmix250": 2.4167,
+    # Static keys (no scale; kq3: + one bfloat16 outlier and its uint8 index
+    # per 64-element vector) with int{b}_lm values.
+    "kq4": (4.0 + 4.25) / 2, "kq3": (3.0 + 24 / 64 + 3.25) / 2,
+    "kq4kl": (4.0 + 4.25) / 2, "kq4klcb": (4.0 + 4.25) / 2,
+    # Allocated kq mixes: the allocator's achieved means.
+    "kqmix325": 3.15, "kqmix250": 2.3979,
+}
+# Presets that load calibrated key statistics: directory -> mode.
+KEY_STATS = {"runs/key_stats/smollm2-135m": "std",
+             "runs/key_stats/smollm2-135m-range": "range",
+             "runs/key_stats/smollm2-135m-range0.99": "range",
+             "runs/key_stats/smollm2-135m-range-kl": "range",
+             "runs/key_stats/smollm2-135m-range-klcb2": "range"}
+
+# Fixed (capacity-independent) cache bytes per sequence, by hand: 30 layers x
+# 3 KV heads x 64 dims x 2 bytes (bfloat16 full-precision regions) x the
+# full-precision slots of K and V. KIVI (residual R=128, per-channel K groups
+# of 32 so K flushes in blocks of F=32, token-local V flushes every token):
+# K keeps R + 31 = 159 slots, V keeps R = 128. kvq4 (R=0): K 31, V 0.
+# Every other preset quantizes each token as it is written: 0.
+_PER_SLOT = 30 * 3 * 64 * 2
+PRESET_FIXED_BYTES = {"kivi2": _PER_SLOT * (159 + 128),
+                      "kivi4": _PER_SLOT * (159 + 128),
+                      "kvq4": _PER_SLOT * 31,
+                      # + the int4_lm V codebook (16 float32) per layer.
+                      "kvq4_lmv": _PER_SLOT * 31 + 30 * 16 * 4}
+# Per-layer constants of the tq presets: a 2^b-entry float32 codebook for K
+# and for V, and the key affine's float32 shift and scale [3, 64].
+for _b in (4, 3, 2):
+  PRESET_FIXED_BYTES[f"tq{_b}"] = 30 * (2 * 2 ** _b * 4 + 2 * 3 * 64 * 4)
+# kq: the first token of K and V in bfloat16, the V codebook and the key
+# ranges (float32 centre and half-width [3, 64]) per layer.
+# (The synthetic range stats of these tests carry no key codebook; kq4klcb's
+# real stats add 16 float32 levels per layer.)
+for _name, _b in (("kq4", 4), ("kq3", 3), ("kq4kl", 4), ("kq4klcb", 4)):
+  PRESET_FIXED_BYTES[_name] = 2 * _PER_SLOT + 30 * (
+      2 ** _b * 4 + 2 * 3 * 64 * 4)
+
+
+def _mix_constants(spec: CacheSpec) -> int:
+  """Codebook bytes of every layer's Lloyd-Max K and V + the key statistics
+  (+ the bfloat16 sink token of K and V)."""
+  codebooks = sum(4 * 2 ** s.bits for i in range(30)
+                  for s in (spec.layer(i).k, spec.layer(i).v) if s.is_codebook)
+  return codebooks + 30 * 2 * 3 * 64 * 4 + 2 * _PER_SLOT * spec.sink
+
+
+def load_preset(name: str) -> ml_collections.ConfigDict:
+  parser = config_flag._PresetParser(name="config", lock_config=True)  # pylint: disable=protected-access
+  return parser.parse(name)
+
+
+def test_available_presets_is_every_config_but_base():
+  assert available_presets() == sorted(PRESET_BITS)
+
+
+@pytest.fixture(scope="module", name="key_stats_dir")
+def _key_stats_dir(tmp_path_factory):
+  """Synthetic SmolLM2-shaped key statistics (30 layers, 3 x 64), one
+  directory per mode."""
+  shape = (SMOLLM2.num_kv_heads, SMOLLM2.head_dim)
+  out = {}
+  for mode in ("std", "range"):
+    affines = [KeyAffine.from_arrays(np.zeros(shape), np.ones(shape), mode)
+               for _ in range(SMOLLM2.num_layers)]
+    out[mode] = str(save_key_stats(tmp_path_factory.mktemp("ks"), affines,
+                                   {}))
+  return out
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_BITS))
+def test_preset_loads_locked_and_converts(name, key_stats_dir):
+  config = load_preset(name)
+  assert config.is_locked
+  with pytest.raises(AttributeError):
+    config.cache.k.nope = 1
+  if config.cache.key_stats:  # produced by experiments.calibrate_keys.
+    config.cache.key_stats = key_stats_dir[KEY_STATS[config.cache.key_stats]]
+  settings = settings_from_config(config)
+  bits = PRESET_BITS[name]
+  assert settings.quantize == (name != "baseline")
+  if bits is None:
+    assert settings.cache_spec is None
+    return
+  spec = settings.cache_spec
+  assert isinstance(spec, CacheSpec)
+  spec.layer(0)  # Per-layer specs rewrite into the cache layout.
+  assert theoretical_bits(SMOLLM2, spec, settings.cache_dtype) == pytest.approx(
+      bits, abs=1e-4)
+  # The real cache pytree stores exactly the theoretical bytes per token.
+  per_token, fixed = cache_bytes(SMOLLM2, spec, settings.cache_dtype)
+  assert per_token == pytest.approx(
+      bits * 2 * SMOLLM2.num_layers * SMOLLM2.num_kv_heads
+      * SMOLLM2.head_dim / 8, rel=1e-4)
+  # Fixed bytes: the full-precision windows and sinks, and the per-layer
+  # constants (codebooks, key statistics), by hand.
+  if name.startswith(("tqmix", "kqmix")):
+    assert fixed == _mix_constants(spec)
+  else:
+    assert fixed == PRESET_FIXED_BYTES.get(name, 0)
+
+
+def test_full_precision_presets_use_their_cache_dtype():
+  assert settings_from_config(load_preset("bf16")).cache_dtype == "bfloat16"
+  assert settings_from_config(load_preset("fp16")).cache_dtype == "float16"
+  assert settings_from_config(load_preset("baseline")).cache_dtype == "float32"
+
+
+def _parse(argv):
+  values = flags.FlagValues()
+  holder = DEFINE_preset_config("config", flag_values=values, sys_argv=argv)
+  values(argv)
+  return holder.value
+
+
+def test_override_on_the_command_line():
+  config = _parse(["prog", "--config=int4_g32", "--config.cache.k.bits=8",
+                   "--config.eval.window_len=64"])
+  assert config.cache.k.bits == 8 and config.cache.v.bits == 4
+  assert config.eval.window_len == 64
+  spec = settings_from_config(config).cache_spec
+  assert spec.k.format == "int8" and spec.v.format == "int4"
+
+
+def test_preset_given_by_path():
+  path = str(CONFIG_DIR / "kivi2.py")
+  assert _parse(["prog", f"--config={path}"]).cache.residual == 128
+
+
+def test_unknown_override_key_is_a_flag_error():
+  with pytest.raises(flags.IllegalFlagValueError,
+                     match=r"--config\.cache\.k\.nope"):
+    _parse(["prog", "--config=int4_g32", "--config.cache.k.nope=1"])
+
+
+def test_unknown_preset_is_a_flag_error():
+  with pytest.raises(flags.IllegalFlagValueError, match="available: baseline"):
+    _parse(["prog", "--config=nonexistent"])
