@@ -1,11 +1,9 @@
-"""summary_markdown, write_run and the progress bar."""
+"""summary_markdown and write_run (`report.run_summary`)."""
 
 from __future__ import annotations
 
-import io
 import json
 
-from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.report.run_summary import summary_markdown, write_run
 
 BASE = {"model": "m", "eval_data": "d", "num_windows": 2, "window_len": 32,
@@ -120,14 +118,3 @@ def test_write_run(tmp_path):
   assert json.loads((out / "metrics.json").read_text()) == {
       "ppl_baseline": 2.5}
   assert (out / "summary.md").read_text() == "# s\n"
-
-
-def test_progress_bar():
-  stream = io.StringIO()
-  bar = ProgressBar("eval", stream=stream, width=10)
-  bar(1, 4)
-  assert "eval [##........] 1/4" in stream.getvalue()
-  assert not stream.getvalue().endswith("\n")
-  bar(4, 4)
-  assert "[##########] 4/4" in stream.getvalue()
-  assert stream.getvalue().endswith("\n")
