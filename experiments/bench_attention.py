@@ -52,8 +52,9 @@ _KINDS = flags.DEFINE_list("kinds", list(DEFAULT_KINDS),
 _IMPLEMENTATIONS = flags.DEFINE_list(
     "implementations", ["xla"], "--mode=cache: decode attention of the "
     "quantized caches (xla, pallas).")
-_FORMATS = flags.DEFINE_list("formats", ["int8", "int4_g32", "int2_g32"],
-                             f"--mode=kernel formats: {list(kernel_bench.SPECS)}.")
+_FORMATS = flags.DEFINE_list(
+    "formats", ["int8", "int4_g32", "int2_g32"],
+    f"--mode=kernel formats: {list(kernel_bench.SPECS)}.")
 _PALLAS_INTERPRET = flags.DEFINE_bool(
     "pallas_interpret", False, "On CPU, also run the Pallas kernel in "
     "interpret mode (slow; not a timing).")

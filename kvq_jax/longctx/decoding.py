@@ -37,7 +37,8 @@ from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.facade import load_model
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.runtime import Runtime
-from kvq_jax.settings.experiment_settings import ExperimentSettings, settings_from_config
+from kvq_jax.settings.experiment_settings import (ExperimentSettings,
+                                                 settings_from_config)
 from kvq_jax.sweep.grid import SweepPoint
 from kvq_jax.sweep.points import parse_points
 from kvq_jax.sweep.runner import unique_points
