@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from kvq_jax.bench.decode_bench import leaf_bytes
 from kvq_jax.bench.timing import time_fn
 from kvq_jax.kernels.decode_attention import decode_attention
 from kvq_jax.kernels.decode_attention import decode_attention_dense
@@ -46,10 +47,6 @@ def machine_description() -> str:
           f"({os.cpu_count()} cores), {platform.platform()}")
 
 
-def cache_nbytes(x) -> int:
-  return sum(leaf.nbytes for leaf in jax.tree.leaves(x))
-
-
 def run(contexts: Sequence[int], *, batch: int, kv_heads: int, g: int,
         head_dim: int, formats: Sequence[str], pallas: bool,
         interpret: bool, repeats: int, block_k: int = 128,
@@ -77,7 +74,7 @@ def run(contexts: Sequence[int], *, batch: int, kv_heads: int, g: int,
                 q, kc, vc, length, block_k=block_k, interpret=interpret))
       for method, fn in methods.items():
         seconds = time_fn(fn, repeats=repeats)
-        row = Row(context, method, seconds, cache_nbytes((kc, vc)))
+        row = Row(context, method, seconds, leaf_bytes((kc, vc)))
         log(f"  {context:>7} {method:<18} {seconds * 1e3:9.3f} ms "
             f"{row.gbps:8.2f} GB/s")
         rows.append(row)

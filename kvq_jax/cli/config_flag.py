@@ -3,7 +3,7 @@
 `DEFINE_config_file` from ml_collections expects a file path; researchers
 type preset names (`--config=int4_g32`). `DEFINE_preset_config` accepts both:
 a bare name resolves to `configs/NAME.py` (the `configs` package shipped
-beside `kvq_jax`), anything else is used as a path. Overrides stay
+beside `kvq_jax`; `settings.presets`), anything else is used as a path. Overrides stay
 ml_collections' own (`--config.cache.k.bits=8`), and the config is locked, so
 an unknown key fails at parse time.
 """
