@@ -27,7 +27,7 @@ LAYERS = (
     ("facade",),
     ("settings", "sharding"),
     ("cli", "bench"),
-    ("calibration", "sweep", "generation"),
+    ("calibration", "sweep", "generation", "serving"),
     ("research", "report"),
     ("run", "longctx"),
 )

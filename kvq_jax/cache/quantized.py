@@ -501,31 +501,30 @@ class QuantizedLayerCache:
     s = spec.sink
     wdtype = jnp.dtype(spec.window_dtype)
 
-    def one_tensor(store, win, sink, n0, new, qspec, flush):
-      """One sequence, one tensor; store/win/sink/new are [K, *, H]."""
+    def one_tensor(win, sink, n0, new, qspec, flush):
+      """One sequence, one tensor; win/sink/new are [K, *, H]; returns
+      (storage rows or None, window, sinks, E, Q(n0), Q(n1))."""
       e, rows, qs, q1, new_win = fresh_tokens(win, n0, new, spec, qspec,
                                               flush, self.dtype,
                                               with_rows=t > 1)
-      if t > 1:
-        store = _commit_rows(store, rows, qs, q1, qspec)
       j_S = jnp.arange(s)
       fresh = new[:, jnp.clip(j_S - n0, 0, t - 1)]
       take = ((j_S >= n0) & (j_S < n0 + t))[None, :, None]
       new_sink = jnp.where(take, fresh.astype(wdtype), sink)
-      return store, new_win, new_sink, e, qs, q1
+      return rows, new_win, new_sink, e, qs, q1
 
-    def commit_block(store_B, e_B, qs_B, q1_B, qspec, flush):
+    def commit_block(store, e_B, qs_B, q1_B, qspec, flush):
       """A decode step commits at most one flush block, E's first F rows
       (tokens [Q(n0), Q(n0) + F)): only they are quantized, and with F > 1
       (a per-channel group, a flush block) only in the steps that close
       one (`lax.cond` over the batch), so a group is quantized once."""
-      def commit(store_B):
-        return jax.vmap(lambda st, e, qs, q1: _commit_rows(
-            st, storage_rows(e[:, :flush], qspec, self.dtype), qs, q1,
-            qspec))(store_B, e_B, qs_B, q1_B)
+      def commit(store):
+        rows = jax.vmap(lambda e: storage_rows(e[:, :flush], qspec,
+                                               self.dtype))(e_B)
+        return self._commit(store, rows, qs_B, q1_B, qspec)
       if flush == 1:
-        return commit(store_B)
-      return jax.lax.cond(jnp.any(q1_B > qs_B), commit, lambda x: x, store_B)
+        return commit(store)
+      return jax.lax.cond(jnp.any(q1_B > qs_B), commit, lambda x: x, store)
 
     out = {}
     for name, store, win, sink, new in (
@@ -533,16 +532,39 @@ class QuantizedLayerCache:
         ("v", self.v_store, self.window_v, self.sink_v, v_new_BxKxTxH)):
       qspec, flush = getattr(spec, name), spec.flush(name)
       fn = lambda *a, q=qspec, f=flush: one_tensor(*a, q, f)
-      out[name] = list(jax.vmap(fn)(store, win, sink, self.length_B, new))
+      out[name] = list(jax.vmap(fn)(win, sink, self.length_B, new))
       if t == 1:
-        out[name][0] = commit_block(out[name][0], out[name][3],
-                                    out[name][4], out[name][5], qspec,
-                                    flush)
+        out[name][0] = commit_block(store, out[name][3], out[name][4],
+                                    out[name][5], qspec, flush)
+      else:
+        out[name][0] = self._commit(store, out[name][0], out[name][4],
+                                    out[name][5], qspec)
     new_cache = self.replace(
         k_store=out["k"][0], v_store=out["v"][0], window_k=out["k"][1],
         window_v=out["v"][1], sink_k=out["k"][2], sink_v=out["v"][2],
         length_B=self.length_B + t)
     return new_cache, {name: (o[3], o[4]) for name, o in out.items()}
+
+  # -- storage access (a paged cache overrides these) -----------------------
+
+  def _commit(self, store: Store, rows_B: Store, start_B: jax.Array,
+              end_B: jax.Array, qspec: QuantSpec | None) -> Store:
+    """Tokens [start_b, end_b) of sequence b's storage <- rows_B[b]'s first
+    end_b - start_b rows (`_commit_rows` per sequence)."""
+    return jax.vmap(lambda st, r, a, e: _commit_rows(st, r, a, e, qspec))(
+        store, rows_B, start_B, end_B)
+
+  def _storage_block(self, store: Store, start: jax.Array, size: int,
+                     qspec: QuantSpec | None) -> Store:
+    """Slots [start, start + size) of every sequence (inside the
+    allocation; start a multiple of the block size)."""
+    return slice_store(store, start, size, qspec)
+
+  def _storage_rows(self, store: Store, start_B: jax.Array, size: int,
+                    qspec: QuantSpec | None) -> Store:
+    """Slots [start_b, start_b + size) of sequence b, zeros past the
+    allocation."""
+    return slice_store(store, start_B, size, qspec, fill=True)
 
   # -- reading -------------------------------------------------------------
 
@@ -601,8 +623,8 @@ class QuantizedLayerCache:
           new_cache.sink_v.astype(jnp.float32), causal(sink_tok_BxS)))
     if spec.flush_k != spec.flush_v:  # The mixed segment.
       hi_store = new_cache.k_store if hi == "k" else new_cache.v_store
-      dq_hi = read_store(slice_store(hi_store, qs_lo_B, size_e,
-                                      getattr(spec, hi), fill=True),
+      dq_hi = read_store(self._storage_rows(hi_store, qs_lo_B, size_e,
+                                            getattr(spec, hi)),
                          getattr(spec, hi))
       # Full-precision keys (lo = k) are the window's, already rotated.
       mixed_keys = (fp_keys if lo == "k" else
@@ -630,8 +652,8 @@ class QuantizedLayerCache:
       start = index * blk
       k_store, v_store = per_block_scales(
           (new_cache.k_store, new_cache.v_store), index)
-      kb = slice_store(k_store, start, blk, spec.k)
-      vb = slice_store(v_store, start, blk, spec.v)
+      kb = self._storage_block(k_store, start, blk, spec.k)
+      vb = self._storage_block(v_store, start, blk, spec.v)
       blk_tok_BxL = jnp.broadcast_to(start + jnp.arange(blk), (b, blk))
       mask = ((blk_tok_BxL[:, None, :] >= s)
               & (blk_tok_BxL[:, None, :] < lo_end_BxT[:, :, None])

@@ -7,6 +7,10 @@ Leaf layouts (see kvq_jax/cache):
     plain store) and the window/sink buffers are [B, K, *, *]
     -> P(data, model, None, None).
   * length_B [B] -> P(data).
+  * PagedLayerCache: its per-slot leaves (windows, sinks, lengths, block
+    table) as above; its page pool [N, K, P, ...] -> P(None, model): every
+    device holds its KV heads of every page, since any slot may own any
+    page.
 An axis whose size does not divide by its mesh axis (e.g. 1 KV head on a
 4-way 'model' axis, or a batch of 3 on 2-way 'data') is replicated instead;
 the other axis still shards. Called outside `jit` the leaves are moved with
@@ -23,6 +27,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from kvq_jax.cache.dense import DenseLayerCache
+from kvq_jax.cache.paged import PagedLayerCache
 from kvq_jax.cache.quantized import QuantizedLayerCache
 from kvq_jax.cache.sliding import SlidingDenseLayerCache
 from kvq_jax.cache.sliding_quantized import SlidingQuantizedLayerCache
@@ -58,9 +63,14 @@ def layer_partition_specs(layer, mesh: Mesh):
         "supported; allowed: DenseLayerCache, QuantizedLayerCache and their "
         "Sliding* ring variants.")
   data, model = axis_size(mesh, "data"), axis_size(mesh, "model")
-  return jax.tree_util.tree_map(
-      lambda x: _spec(tuple(x.shape), kv_axis if x.ndim == 4 else None, data,
-                      model), layer)
+  rule = lambda d: lambda x: _spec(tuple(x.shape),
+                                   kv_axis if x.ndim == 4 else None, d, model)
+  specs = jax.tree_util.tree_map(rule(data), layer)
+  if isinstance(layer, PagedLayerCache):
+    specs = specs.replace(
+        k_store=jax.tree_util.tree_map(rule(1), layer.k_store),
+        v_store=jax.tree_util.tree_map(rule(1), layer.v_store))
+  return specs
 
 
 def _place(x, sharding):

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import pathlib
-
 from absl import flags
-import ml_collections
-import numpy as np
 import pytest
 
-from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.capacity.memory import cache_bytes, theoretical_bits
-from kvq_jax.cli import config_flag
 from kvq_jax.cli.config_flag import DEFINE_preset_config
-from kvq_jax.persist.key_stats_store import save_key_stats
 from kvq_jax.settings.experiment_settings import settings_from_config
 from kvq_jax.settings.presets import CONFIG_DIR, available_presets
+from tests.fixtures.preset_specs import (load_preset, preset_settings,
+                                        synthetic_key_stats)
 from tests.fixtures.smollm2 import SMOLLM2
 
 # Bits per element each preset's docstring promises at head_dim 64 (None:
@@ -46,13 +41,6 @@ PRESET_BITS = {
     # Allocated kq mixes: the allocator's achieved means.
     "kqmix325": 3.15, "kqmix250": 2.3979,
 }
-# Presets that load calibrated key statistics: directory -> mode.
-KEY_STATS = {"runs/key_stats/smollm2-135m": "std",
-             "runs/key_stats/smollm2-135m-range": "range",
-             "runs/key_stats/smollm2-135m-range0.99": "range",
-             "runs/key_stats/smollm2-135m-range-kl": "range",
-             "runs/key_stats/smollm2-135m-range-klcb2": "range"}
-
 # Fixed (capacity-independent) cache bytes per sequence, by hand: 30 layers x
 # 3 KV heads x 64 dims x 2 bytes (bfloat16 full-precision regions) x the
 # full-precision slots of K and V. KIVI (residual R=128, per-channel K groups
@@ -86,38 +74,21 @@ def _mix_constants(spec: CacheSpec) -> int:
   return codebooks + 30 * 2 * 3 * 64 * 4 + 2 * _PER_SLOT * spec.sink
 
 
-def load_preset(name: str) -> ml_collections.ConfigDict:
-  parser = config_flag._PresetParser(name="config", lock_config=True)  # pylint: disable=protected-access
-  return parser.parse(name)
-
-
 def test_available_presets_is_every_config_but_base():
   assert available_presets() == sorted(PRESET_BITS)
 
 
 @pytest.fixture(scope="module", name="key_stats_dir")
 def _key_stats_dir(tmp_path_factory):
-  """Synthetic SmolLM2-shaped key statistics (30 layers, 3 x 64), one
-  directory per mode."""
-  shape = (SMOLLM2.num_kv_heads, SMOLLM2.head_dim)
-  out = {}
-  for mode in ("std", "range"):
-    affines = [KeyAffine.from_arrays(np.zeros(shape), np.ones(shape), mode)
-               for _ in range(SMOLLM2.num_layers)]
-    out[mode] = str(save_key_stats(tmp_path_factory.mktemp("ks"), affines,
-                                   {}))
-  return out
+  return synthetic_key_stats(tmp_path_factory.mktemp("ks"))
 
 
 @pytest.mark.parametrize("name", sorted(PRESET_BITS))
 def test_preset_loads_locked_and_converts(name, key_stats_dir):
-  config = load_preset(name)
+  config, settings = preset_settings(name, key_stats_dir)
   assert config.is_locked
   with pytest.raises(AttributeError):
     config.cache.k.nope = 1
-  if config.cache.key_stats:  # produced by experiments.calibrate_keys.
-    config.cache.key_stats = key_stats_dir[KEY_STATS[config.cache.key_stats]]
-  settings = settings_from_config(config)
   bits = PRESET_BITS[name]
   assert settings.quantize == (name != "baseline")
   if bits is None:

@@ -31,6 +31,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kvq_jax.cache.factory import init_cache  # noqa: E402
+from kvq_jax.cache.paged_model import (init_paged_cache,  # noqa: E402
+                                       with_block_table)
 from kvq_jax.cache.spec import CacheSpec  # noqa: E402
 from kvq_jax.models.config import ModelConfig  # noqa: E402
 from kvq_jax.models.params import decoder_from_params, random_params  # noqa: E402
@@ -45,6 +47,19 @@ CONFIG = ModelConfig(vocab_size=61, hidden_size=64, intermediate_size=128,
 INT4 = QuantSpec("int4", "symmetric", "per_group", 8)
 SPECS = {"dense": None, "int4": CacheSpec(k=INT4, v=INT4, block_size=16)}
 B, T, STEPS, CAPACITY = 4, 6, 3, 16
+# The int4 cache paged: pages of 8 tokens, 2 per slot, scattered in a pool
+# of 12 (page 0 the null page).
+PAGE = 8
+PAGE_TABLE = (np.random.default_rng(7).permutation(np.arange(1, 12))[:2 * B]
+              .reshape(B, 2).astype(np.int32))
+
+
+def _fresh_cache(kind: str) -> list:
+  if kind == "paged_int4":
+    return with_block_table(init_paged_cache(
+        CONFIG, B, 12, CAPACITY // PAGE, SPECS["int4"], page_size=PAGE),
+        PAGE_TABLE)
+  return init_cache(CONFIG, B, CAPACITY, SPECS[kind])
 
 
 def _decode(runtime, cache, tokens):
@@ -69,17 +84,19 @@ def model_checks() -> dict:
                        jnp.int32)
   out = {}
   reference = {}
-  for kind, spec in SPECS.items():
+  kinds = (*SPECS, "paged_int4")
+  for kind in kinds:
     runtime = Runtime(decoder_from_params(CONFIG, params))
-    cache = init_cache(CONFIG, B, CAPACITY, spec)
-    reference[kind], _ = _decode(runtime, cache, tokens)
+    reference[kind], _ = _decode(runtime, _fresh_cache(kind), tokens)
+  out["paged_vs_contiguous_int4"] = float(np.max(np.abs(
+      reference["paged_int4"] - reference["int4"])))
   for mesh_text in ("2x4",):
     mesh = sharding.make_mesh(mesh_text)
     decoder = sharding.shard_params(decoder_from_params(CONFIG, params), mesh)
     runtime = Runtime(decoder)
     q_kernel = decoder.layers[0].attn.q.kernel[...]
-    for kind, spec in SPECS.items():
-      cache = sharding.shard_cache(init_cache(CONFIG, B, CAPACITY, spec), mesh)
+    for kind in kinds:
+      cache = sharding.shard_cache(_fresh_cache(kind), mesh)
       placed = _specs(cache)
       logits, final = _decode(runtime, cache, tokens)
       out[f"{mesh_text}/{kind}"] = {

@@ -59,6 +59,21 @@ def test_sharded_decode_equals_unsharded(result, mesh, kind):
     assert all(s == want for s in layer[:2 if kind == "dense" else 4]), layer
 
 
+def test_sharded_paged_cache(result):
+  # The paged int4 cache equals the contiguous one unsharded, and sharded
+  # on 2x4 equals itself unsharded; its pool [N, K, P, ...] shards over
+  # 'model' only (any slot may own any page), the per-slot leaves as a
+  # quantized cache's.
+  assert result["models"]["paged_vs_contiguous_int4"] <= 1e-5
+  r = result["models"]["2x4/paged_int4"]
+  assert r["finite"] and r["max_abs_diff"] <= 1e-5, r["max_abs_diff"]
+  for layer in r["specs"]:
+    # Leaves in field order: pool k (data, scale), pool v (data, scale),
+    # windows and sinks (empty: replicated), length_B, block table.
+    assert layer[:4] == ["P(None, 'model')"] * 4, layer
+    assert layer[-2:] == ["P('data',)"] * 2, layer
+
+
 @pytest.mark.parametrize("mesh, kind", [
     ("2x3", "kivi2"), ("2x3", "kvq4"), ("1x4", "kivi2")])
 def test_sharded_evaluation_is_bit_identical(result, mesh, kind):
