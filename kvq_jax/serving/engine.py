@@ -12,8 +12,9 @@ Requests queue in arrival order. Each engine step:
      of the queue to prefill its prompt and its generated tokens again;
   3. spends the step's token budget (`max_step_tokens`): one token per
      decoding slot, the rest on prefill chunks, oldest request first, of
-     at most `prefill_chunk` tokens cut to a power of two (so at most
-     log2(prefill_chunk) + 1 chunk shapes ever compile);
+     at most `prefill_chunk` tokens cut to a power of two no smaller than
+     `min_chunk`, single tokens below that (so at most
+     log2(prefill_chunk / min_chunk) + 2 chunk shapes ever compile);
   4. runs one decode step for every decoding slot at once
      (`steps.decode_step`), picks their tokens, and retires the requests
      that stopped (EOS unless ignored, a stop string, max tokens).
@@ -65,6 +66,9 @@ class EngineConfig:
     max_context: the most tokens one request may hold (prompt + output).
     page_size: tokens per page (P).
     prefill_chunk: the largest prefill chunk, a power of two.
+    min_chunk: the smallest chunk above one token, a power of two
+      <= prefill_chunk (fewer programs to compile; a remainder below it is
+      prefilled a token at a time).
     max_step_tokens: tokens one step may process (decode + prefill); None
       means max_slots + prefill_chunk.
     headroom_pages: free pages beyond a prompt's that admission asks for.
@@ -79,6 +83,7 @@ class EngineConfig:
   max_context: int
   page_size: int = DEFAULT_PAGE_SIZE
   prefill_chunk: int = 256
+  min_chunk: int = 32
   max_step_tokens: int | None = None
   headroom_pages: int = 1
   cache_spec: CacheSpec | None = None
@@ -87,7 +92,7 @@ class EngineConfig:
 
   def __post_init__(self):
     for name in ("max_slots", "num_pages", "max_context", "page_size",
-                 "prefill_chunk"):
+                 "prefill_chunk", "min_chunk"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"EngineConfig.{name}={value!r}: allowed: an int "
@@ -95,9 +100,14 @@ class EngineConfig:
     if self.num_pages < 2:
       raise ValueError(f"EngineConfig.num_pages={self.num_pages}: allowed: "
                        ">= 2 (page 0 is the null page).")
-    if self.prefill_chunk & (self.prefill_chunk - 1):
-      raise ValueError(f"EngineConfig.prefill_chunk={self.prefill_chunk}: "
-                       "allowed: a power of two.")
+    for name in ("prefill_chunk", "min_chunk"):
+      value = getattr(self, name)
+      if value & (value - 1):
+        raise ValueError(f"EngineConfig.{name}={value}: allowed: a power "
+                         "of two.")
+    if self.min_chunk > self.prefill_chunk:
+      raise ValueError(f"EngineConfig.min_chunk={self.min_chunk}: allowed: "
+                       f"<= prefill_chunk = {self.prefill_chunk}.")
     if self.headroom_pages < 0:
       raise ValueError(f"EngineConfig.headroom_pages={self.headroom_pages}: "
                        "allowed: >= 0.")
@@ -142,15 +152,18 @@ class _Slot:
   pending: int | None = None  # The last picked token, not yet fed.
 
 
-def _chunk(remaining: int, budget: int, largest: int) -> int:
-  """The largest power of two <= min(remaining, budget, largest)."""
-  n = min(remaining, budget, largest)
-  return 1 << (n.bit_length() - 1)
+def _chunk(remaining: int, budget: int, largest: int, smallest: int) -> int:
+  """The largest power of two <= min(remaining, budget, largest) if it is
+  at least `smallest`, else 1."""
+  n = 1 << (min(remaining, budget, largest).bit_length() - 1)
+  return n if n >= smallest else 1
 
 
 def _finish_reason(request: Request, result: RequestResult, eos_id,
                    decode_text) -> str | None:
   token = result.new_ids[-1]
+  if request.eos_id is not None:
+    eos_id = request.eos_id
   if not request.ignore_eos and eos_id is not None and token == eos_id:
     return "eos"
   if request.stop and any(s in decode_text(result.new_ids)
@@ -316,7 +329,8 @@ class Engine:
                       key=lambda s: slots[s].order):
         x = slots[s]
         while budget > 0 and x.cursor < len(x.tokens):
-          n = _chunk(len(x.tokens) - x.cursor, budget, cfg.prefill_chunk)
+          n = _chunk(len(x.tokens) - x.cursor, budget, cfg.prefill_chunk,
+                     cfg.min_chunk)
           chunk = jnp.asarray([x.tokens[x.cursor:x.cursor + n]], jnp.int32)
           logits_1xV, self.cache = self._prefill(
               self.runtime.state, self.cache, chunk,
