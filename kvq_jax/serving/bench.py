@@ -6,9 +6,9 @@ full-precision residual / flush window, sinks, a sliding layer's ring) is
 charged first for every slot, the rest is pages of the kind's pool bytes
 per page (`page_costs`). The kind's slots are the most whose own state and
 full-length requests fit, capped by `max_slots`. Before the timed run the
-engine compiles every program it can run (a warm-up request of
-2 * prefill_chunk - 1 tokens, whose chunks take every size, then its
-decode steps); that time is reported apart.
+engine compiles every program it can run (warm-up requests: a prompt of
+c + 1 tokens per chunk size c that fits the pool, then their decode steps:
+`warm_up_requests`); that time is reported apart.
 
 Reported per kind: effective bytes per token at the workload's mean length
 (`capacity.memory.effective_bytes`), pages in the budget, max and mean
@@ -73,6 +73,20 @@ def plan(budget_bytes: int, per_page: int, per_slot: int, page_size: int,
   return pages + 1, slots  # + the null page, which the budget does not buy.
 
 
+def kind_plan(runtime: Runtime, kind: str, budget_bytes: int, page_size: int,
+              request_tokens: int, max_slots: int
+              ) -> tuple[int, int, int, int]:
+  """(page bytes, slot bytes, pool pages, slots) of `kind` in the budget."""
+  spec, dtype = resolve_kind(kind)
+  per_page, per_slot = page_costs(runtime.config, spec, dtype, page_size)
+  try:
+    pages, slots = plan(budget_bytes, per_page, per_slot, page_size,
+                        request_tokens, max_slots)
+  except ValueError as e:
+    raise ValueError(f"kind {kind!r}: {e}") from e
+  return per_page, per_slot, pages, slots
+
+
 def _percentiles(values: Sequence[float]) -> tuple[float, float]:
   if not values:
     return float("nan"), float("nan")
@@ -85,6 +99,20 @@ def _mean_concurrency(engine: Engine) -> float:
   durations = np.diff(times)
   running = np.array([s.running for s in engine.steps])
   return float(np.sum(durations * running) / max(times[-1], 1e-12))
+
+
+def warm_up_requests(cfg: EngineConfig) -> list[Request]:
+  """Requests whose prefill runs every chunk size the engine can cut
+  (`min_chunk` .. `prefill_chunk`, and single tokens) and then decode, for
+  the sizes the pool holds: prompt c + 1 for each size c."""
+  out, c = [], cfg.min_chunk
+  while c <= cfg.prefill_chunk:
+    pages = -(-(c + 3) // cfg.page_size) + cfg.headroom_pages
+    if pages <= cfg.num_pages - 1 and c + 3 <= cfg.max_context:
+      out.append(Request(f"warm-up {c}", tuple(range(1, c + 2)), 2,
+                         ignore_eos=True))
+    c *= 2
+  return out or [Request("warm-up", (1,), 2, ignore_eos=True)]
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
@@ -103,12 +131,11 @@ def serve_kind(runtime: Runtime, kind: str, requests: Sequence[Request],
   """One kind's row (module docstring), its results under 'results'."""
   spec, dtype = resolve_kind(kind)
   config = runtime.config
-  per_page, per_slot = page_costs(config, spec, dtype, page_size)
-  num_pages, slots = plan(budget_bytes, per_page, per_slot, page_size,
-                          request_tokens, max_slots)
+  per_page, per_slot, num_pages, slots = kind_plan(
+      runtime, kind, budget_bytes, page_size, request_tokens, max_slots)
   engine = Engine(runtime, EngineConfig(
       max_slots=slots, num_pages=num_pages,
-      max_context=max(request_tokens, 2 * prefill_chunk + 1),
+      max_context=max(request_tokens, prefill_chunk + 3),
       page_size=page_size, prefill_chunk=prefill_chunk,
       min_chunk=min(32, prefill_chunk), cache_spec=spec,
       cache_dtype=dtype, prefix_caching=prefix_caching))
@@ -119,8 +146,7 @@ def serve_kind(runtime: Runtime, kind: str, requests: Sequence[Request],
         f"{request_tokens} tokens per request "
         f"{min(slots, capacity // per_request)}", flush=True)
   t0 = time.perf_counter()
-  engine.run([Request("warm-up", tuple(range(1, 2 * prefill_chunk)), 2,
-                      ignore_eos=True)])
+  engine.run(warm_up_requests(engine.config))
   compile_s = time.perf_counter() - t0
   reset_peak_rss()
   t0 = time.perf_counter()
@@ -188,6 +214,9 @@ def run(runtime: Runtime, kinds: Sequence[str], requests: Sequence[Request],
         ) -> list[dict]:
   """Every kind's row, compared to the first kind (the baseline)."""
   request_tokens = max(r.max_tokens for r in requests)
+  for kind in kinds:  # Every budget is checked before anything compiles.
+    kind_plan(runtime, kind, budget_bytes, page_size, request_tokens,
+              max_slots)
   rows = [serve_kind(runtime, kind, requests, budget_bytes,
                      max_slots=max_slots, page_size=page_size,
                      prefill_chunk=prefill_chunk,

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import pathlib
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +30,9 @@ from kvq_jax.cache.paged_model import (merge_slots, paged_layer_spec,
 from kvq_jax.cache.spec import CacheSpec, LayerSpec
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.decoder import layer_rope
+from kvq_jax.persist.key_stats_store import save_identity_key_stats
+from kvq_jax.settings.experiment_settings import settings_from_config
+from kvq_jax.settings.presets import load_preset
 
 PAGE = 32
 MAX_PAGES = 6  # 192 tokens per slot.
@@ -57,12 +62,13 @@ def scattered_table(seed: int, slots: int = 2) -> np.ndarray:
 
 
 def make_pair(config: ModelConfig, spec: CacheSpec | None, layer: int = 0,
-              seed: int = 0):
-  """(contiguous, paged) caches of layer `layer` of `spec`, 2 slots."""
-  contiguous = layer_cache(config, layer, 2, MAX_PAGES * PAGE, spec)
+              seed: int = 0, dtype=jnp.float32):
+  """(contiguous, paged) caches of layer `layer` of `spec`, 2 slots;
+  `dtype` the cache dtype (a dense layer's storage)."""
+  contiguous = layer_cache(config, layer, 2, MAX_PAGES * PAGE, spec, dtype)
   paged = PagedLayerCache.create_paged(
       paged_layer_spec(spec, layer), 2, NUM_PAGES, MAX_PAGES,
-      config.num_kv_heads, config.head_dim, page_size=PAGE)
+      config.num_kv_heads, config.head_dim, dtype, page_size=PAGE)
   paged = with_block_table([paged], scattered_table(seed))[0]
   return contiguous, paged
 
@@ -73,10 +79,11 @@ def _step(rope, layer, q, k, v):
 
 
 def compare(config: ModelConfig, spec: CacheSpec | None, layer: int = 0,
-            seed: int = 0, decode_steps: int = DECODE_STEPS) -> float:
+            seed: int = 0, decode_steps: int = DECODE_STEPS,
+            dtype=jnp.float32) -> float:
   """Largest |paged - contiguous| attention output over every call."""
   rope = layer_rope(config, layer)
-  caches = list(make_pair(config, spec, layer, seed))
+  caches = list(make_pair(config, spec, layer, seed, dtype))
   rng = np.random.default_rng(seed + 1)
   worst = 0.0
 
@@ -120,3 +127,49 @@ def distinct_layers(spec: CacheSpec, num_layers: int) -> list[int]:
       seen.add(key)
       out.append(i)
   return out
+
+
+def _with_key_stats(preset, config: ModelConfig, stand_in_root: pathlib.Path
+                    ) -> str:
+  """Points a preset whose key statistics are missing at identity stand-ins
+  of `config`'s shape (range mode for static keys, else std); returns a
+  note, '' when its own statistics are used."""
+  path = preset.cache.key_stats
+  if not path or pathlib.Path(path).is_dir():
+    return ""
+  mode = "range" if preset.cache.k.scheme == "static" else "std"
+  root = stand_in_root / mode
+  if not root.is_dir():
+    save_identity_key_stats(root, config.num_layers, config.num_kv_heads,
+                            config.head_dim, mode)
+  with preset.unlocked():
+    preset.cache.key_stats = str(root)
+  return f"{path} missing: identity {mode} key stats (same code path)"
+
+
+def check_presets(config: ModelConfig, names: Sequence[str],
+                  stand_in_root: str | pathlib.Path) -> list[dict]:
+  """Per preset and distinct layer (`distinct_layers`): the largest
+  |paged - contiguous| attention output (`compare`), or the reason the
+  paged cache refused it."""
+  rows = []
+  for name in names:
+    preset = load_preset(name)
+    note = _with_key_stats(preset, config, pathlib.Path(stand_in_root))
+    settings = settings_from_config(preset)
+    spec = settings.cache_spec if settings.quantize else None
+    layers = [0] if spec is None else distinct_layers(spec,
+                                                      config.num_layers)
+    for i in layers:
+      row = {"preset": name, "layer": i, "note": note}
+      try:
+        row["max_abs_diff"] = compare(config, spec, i,
+                                      dtype=settings.cache_dtype)
+      except ValueError as e:
+        row["refused"] = str(e)
+      rows.append(row)
+      print(f"{name} layer {i}: "
+            + (f"max |paged - contiguous| {row['max_abs_diff']:.3g}"
+               if "max_abs_diff" in row else f"refused: {row['refused']}")
+            + (f" ({note})" if note else ""), flush=True)
+  return rows
