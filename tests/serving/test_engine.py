@@ -11,10 +11,14 @@ which is why `serve_bench` reports output agreement as a measurement.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from kvq_jax.models.generate import generate
+from kvq_jax.models.params import decoder_from_params, random_params
+from kvq_jax.models.runtime import Runtime
 from kvq_jax.serving.engine import Engine, EngineConfig
 from kvq_jax.serving.request import Request
 from kvq_jax.serving.workload import Workload, make_requests, parse_arrival
@@ -58,6 +62,27 @@ def test_engine_equals_generate_one_by_one(name):
     assert result.new_ids == _alone(request, spec), request.id
     assert result.finish_reason == "length"
     assert len(result.token_times) == request.max_new_tokens
+
+
+def test_engine_with_a_sliding_window_layer_equals_generate():
+  # Layer 0 attends to its last 8 tokens (Gemma 3's local layers): its
+  # ring buffer stays per slot, layer 1's storage is paged.
+  config = dataclasses.replace(ts.TINY2, sliding_window=8, local_layers=(0,))
+  runtime = Runtime(decoder_from_params(config, random_params(
+      config, seed=5, scale=0.1)))
+  spec = ts.SWEEP["int4_g8_sym"][1]
+  engine = Engine(runtime, EngineConfig(
+      max_slots=3, num_pages=10, max_context=48, page_size=8,
+      prefill_chunk=16, min_chunk=8, cache_spec=spec))
+  requests = _requests()
+  results = engine.run(requests)
+  assert engine.preemptions > 0
+  for request, result in zip(requests, results):
+    want = generate(runtime, None, list(request.prompt),
+                    request.max_new_tokens, temperature=request.temperature,
+                    seed=request.seed, eos_id=-1, cache_spec=spec,
+                    capacity=48).new_ids
+    assert result.new_ids == list(want), request.id
 
 
 def test_engine_is_deterministic():
