@@ -13,7 +13,9 @@ c + 1 tokens per chunk size c that fits the pool, then their decode steps:
 Reported per kind: effective bytes per token at the workload's mean length
 (`capacity.memory.effective_bytes`), pages in the budget, max and mean
 (time-weighted) concurrency, preemptions, requests/s and output tokens/s
-(over the run's makespan), TTFT and inter-token latency p50 / p99, peak KV
+(over the run's makespan), TTFT and inter-token latency p50 / p99, the
+median decode-only step per decode batch size and the share of time in
+steps that ran prefill (where the time goes), peak KV
 bytes in use (pages in use x page bytes + the slots' own state) and the
 process's peak RSS, the capacity model's predicted speed-up
 1 / (1 - beta + beta / c) beside the measured requests/s ratio to the
@@ -115,6 +117,21 @@ def warm_up_requests(cfg: EngineConfig) -> list[Request]:
   return out or [Request("warm-up", (1,), 2, ignore_eos=True)]
 
 
+def step_profile(engine: Engine) -> tuple[dict[int, float], float]:
+  """(median seconds of a decode-only step per decode batch size, the
+  share of the run's time spent in steps that ran prefill)."""
+  times = [0.0] + [s.time for s in engine.steps]
+  by_batch: dict[int, list[float]] = {}
+  prefill = 0.0
+  for step, begin, end in zip(engine.steps, times, times[1:]):
+    if step.prefill_tokens:
+      prefill += end - begin
+    elif step.decoding:
+      by_batch.setdefault(step.decoding, []).append(end - begin)
+  medians = {b: float(np.median(v)) for b, v in sorted(by_batch.items())}
+  return medians, prefill / max(times[-1], 1e-12)
+
+
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
   """Tokens before `a` and `b` first differ (the shorter length if one is
   a prefix of the other)."""
@@ -159,6 +176,7 @@ def serve_kind(runtime: Runtime, kind: str, requests: Sequence[Request],
   mean_len = int(np.mean([len(r.prompt) + len(r.new_ids) for r in results]))
   eff = effective_bytes(config, spec, dtype, mean_len)
   peak_pages = max(s.pages_used for s in engine.steps)
+  step_cost, prefill_share = step_profile(engine)
   return {
       "kind": kind, "effective_bytes_per_token": eff / mean_len,
       "mean_request_tokens": mean_len, "page_bytes": per_page,
@@ -176,6 +194,7 @@ def serve_kind(runtime: Runtime, kind: str, requests: Sequence[Request],
       "peak_rss_gib": peak_rss_gib(),
       "prefill_tokens": sum(s.prefill_tokens for s in engine.steps),
       "steps": len(engine.steps),
+      "decode_step_s_by_batch": step_cost, "prefill_time_share": prefill_share,
       "concurrency_trace": [(s.time, s.running) for s in engine.steps],
       "results": results,
   }

@@ -116,3 +116,17 @@ def chain(rows: Sequence[dict]) -> str:
       f"x{r['mean_concurrency_ratio']:.2f} -> requests/s "
       f"x{r['requests_per_s_ratio']:.2f} (capacity model "
       f"x{r['predicted_speedup']:.2f})" for r in rows)
+
+
+def profile(rows: Sequence[dict]) -> str:
+  """Per kind: the median decode-only step at each decode batch size it
+  ran (ms; the most frequent sizes), and prefill's share of the time."""
+  lines = []
+  for r in rows:
+    cost = r.get("decode_step_s_by_batch", {})
+    sizes = sorted(cost, key=int)
+    shown = ", ".join(f"{b}: {cost[b] * 1e3:.1f}" for b in sizes[-8:])
+    lines.append(f"{r['kind']}: decode step ms by batch {{{shown}}}; "
+                 f"prefill steps {r.get('prefill_time_share', 0):.1%} of "
+                 "the time")
+  return "\n".join(lines)

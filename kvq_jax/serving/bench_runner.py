@@ -93,6 +93,7 @@ def main(*, model: str, kinds: Sequence[str], kv_budget_mib, device_memory_gib,
                    prefix_caching=prefix_caching)
   print(bench_report.markdown_table(rows))
   print(bench_report.chain(rows))
+  print(bench_report.profile(rows))
   header = {"model": model, "workload": workload.label(), "prompts": source,
             "budget_bytes": budget, "page_size": page_size,
             "prefill_chunk": prefill_chunk, "max_slots": max_slots,
