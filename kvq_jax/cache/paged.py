@@ -22,9 +22,19 @@ P must be a multiple of every token group (a per-channel format's g) and
 flush block (F_k, F_v) the layer uses, so a group's scale row never spans
 two pages, and the read block (`spec.block_size`) and P must divide one
 another. Slot == token index, as in the contiguous cache, so pre-RoPE keys
-work unchanged. The decode kernel of `kvq_jax.kernels` reads contiguous
-storage: an explicit attention_impl='pallas' is refused here (ValueError at
-trace time), a tuple such as ('pallas', 'xla') falls back to the XLA loop.
+work unchanged.
+
+With attention_impl selecting 'pallas', a decode step (T == 1) reads the
+storage segment with the paged kernel
+(`kvq_jax.kernels.paged_decode_attention`: the block table and lengths by
+scalar prefetch, codes dequantized in the kernel, page by page), merged with
+the other segments exactly as the contiguous cache merges its kernel's
+(out, lse); the two hooks `_kernel_reason` / `_kernel_attention` are all
+that differ. Where the kernel cannot serve (the contiguous kernel's static
+reasons, `LayerSpec.pallas_static_reason`, then the paged kernel's shape
+and backend reasons), an explicit 'pallas' raises ValueError at trace time
+and a tuple such as ('pallas', 'xla') falls back to the XLA loop with a
+warning.
 """
 
 from __future__ import annotations
@@ -42,15 +52,11 @@ from kvq_jax.cache.quantized import (QuantizedLayerCache, Store,
                                      check_key_affine, empty_store,
                                      token_group)
 from kvq_jax.cache.spec import LayerSpec
-from kvq_jax.kernels.dispatch import choose_implementation
+from kvq_jax.kernels.dispatch import paged_pallas_unsupported_reason
+from kvq_jax.kernels.paged_decode_attention import paged_decode_attention
 from kvq_jax.quant import QuantSpec
 
 DEFAULT_PAGE_SIZE = 32
-
-PAGED_PALLAS_REASON = (
-    "the cache is paged: the decode kernel of kvq_jax.kernels reads "
-    "contiguous [B, K, C, H] storage, not pages through a block table; "
-    "use attention_impl='xla' (or a tuple ending in 'xla').")
 
 
 def page_size_reason(spec: LayerSpec, page_size: int) -> str | None:
@@ -156,8 +162,18 @@ class PagedLayerCache(QuantizedLayerCache):
     return gather_rows(store, self.block_table_BxM, start_B, size,
                        self.page_size, qspec, self.dtype)
 
-  def _decode_impl(self, q_BxTxNxH: jax.Array, end_B: jax.Array) -> str:
-    return choose_implementation(
-        self.spec.attention_impl,
-        lambda c: None if c == "xla" else PAGED_PALLAS_REASON,
-        caller="PagedLayerCache.attend")
+  # -- the paged decode kernel (`QuantizedLayerCache._decode_impl`) --------
+
+  def _kernel_reason(self, q_BxKxGxH: jax.Array, start_B: jax.Array,
+                     end_B: jax.Array, interpret: bool) -> str | None:
+    return paged_pallas_unsupported_reason(
+        q_BxKxGxH, self.k_store, self.v_store, self.block_table_BxM, end_B,
+        start_B=start_B, page_size=self.page_size, interpret=interpret)
+
+  def _kernel_attention(self, cache: PagedLayerCache, q_BxKxGxH: jax.Array,
+                        start_B: jax.Array, end_B: jax.Array,
+                        interpret: bool):
+    return paged_decode_attention(
+        q_BxKxGxH, cache.k_store, cache.v_store, cache.block_table_BxM,
+        end_B, start_B=start_B, page_size=self.page_size,
+        interpret=interpret, return_lse=True)

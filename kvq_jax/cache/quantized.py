@@ -702,6 +702,24 @@ class QuantizedLayerCache:
     start_B = jnp.full_like(end_B, self.spec.sink)
     return q.reshape(b, kh, n // kh, h), start_B
 
+  def _kernel_reason(self, q_BxKxGxH: jax.Array, start_B: jax.Array,
+                     end_B: jax.Array, interpret: bool) -> str | None:
+    """Why the decode kernel cannot read this storage's [start_b, end_b)
+    here (shapes, backend), or None; a paged cache overrides this and
+    `_kernel_attention`."""
+    return pallas_unsupported_reason(
+        q_BxKxGxH, self.k_store, self.v_store, end_B, start_B=start_B,
+        interpret=interpret, block_k=self._kernel_block_k())
+
+  def _kernel_attention(self, cache: QuantizedLayerCache,
+                        q_BxKxGxH: jax.Array, start_B: jax.Array,
+                        end_B: jax.Array, interpret: bool):
+    """(out [B, K, G, H], lse [B, K, G]) of the kernel over `cache`'s
+    storage slots [start_b, end_b)."""
+    return decode_attention(
+        q_BxKxGxH, cache.k_store, cache.v_store, end_B, start_B=start_B,
+        block_k=self._kernel_block_k(), interpret=interpret, return_lse=True)
+
   def _decode_impl(self, q_BxTxNxH: jax.Array, end_B: jax.Array) -> str:
     """'pallas' or 'xla' for this decode step (trace time)."""
     spec = self.spec
@@ -714,21 +732,17 @@ class QuantizedLayerCache:
       if why:
         return why
       q, start_B = self._kernel_inputs(q_BxTxNxH, end_B)
-      return pallas_unsupported_reason(
-          q, self.k_store, self.v_store, end_B, start_B=start_B,
-          interpret=interpret, block_k=self._kernel_block_k())
+      return self._kernel_reason(q, start_B, end_B, interpret)
 
     return choose_implementation(spec.attention_impl, reason,
-                                 caller="QuantizedLayerCache.attend")
+                                 caller=f"{type(self).__name__}.attend")
 
   def _storage_state_pallas(self, cache: QuantizedLayerCache,
                             q_BxTxNxH: jax.Array, end_B: jax.Array):
     """Softmax state (m, l, acc) [B, K, G, 1(, H)] of slots [S, end_b)."""
     q, start_B = self._kernel_inputs(q_BxTxNxH, end_B)
-    out_BxKxGxH, lse_BxKxG = decode_attention(
-        q, cache.k_store, cache.v_store, end_B, start_B=start_B,
-        block_k=self._kernel_block_k(),
-        interpret=resolve_interpret(self.spec.interpret), return_lse=True)
+    out_BxKxGxH, lse_BxKxG = self._kernel_attention(
+        cache, q, start_B, end_B, resolve_interpret(self.spec.interpret))
     # softmax-normalized: m = lse, l = 1 (lse = -inf, out = 0 when empty).
     m = lse_BxKxG[..., None]
     return m, jnp.ones_like(m), out_BxKxGxH[..., None, :]

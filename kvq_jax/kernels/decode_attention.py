@@ -34,12 +34,15 @@ lowering from a CPU host (`jax.jit(...).trace(...).lower(
 lowering_platforms=(platform,))`) needs nothing else about the device;
 `decode_attention_supported(..., platform=...)` says why a shape or
 format cannot be served there.
+
+The block loop, the dequantization and the split merge are
+`flash_parts.py`'s, shared with the paged kernel
+(`paged_decode_attention.py`).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import jax
@@ -47,6 +50,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 import jax.numpy as jnp
 
+from kvq_jax.kernels import flash_parts as fp
 from kvq_jax.kernels.cache_layout import PackedLayout, describe_packed
 from kvq_jax.kernels.reference import decode_attention_reference  # Re-export.
 
@@ -56,77 +60,22 @@ __all__ = ["decode_attention", "decode_attention_dense",
 
 DEFAULT_BLOCK_K = 128
 _MAX_AUTO_SPLITS = 16
-PLATFORMS = ("cuda", "tpu")
-_TRITON_MIN_DOT = 16  # tl.dot: every dimension >= 16.
-_TPU_SUBLANES = 8
-
-
-def _is_pow2(n: int) -> bool:
-  return n > 0 and n & (n - 1) == 0
-
-
-def _next_pow2(n: int) -> int:
-  return 1 << max(0, (n - 1).bit_length())
+PLATFORMS = fp.PLATFORMS
 
 
 def _target(interpret: bool, platform: str | None) -> str:
   """"interpret", "cuda" or "tpu" (module docstring)."""
-  if interpret:
-    return "interpret"
-  if platform is None:
-    return "tpu" if jax.default_backend() == "tpu" else "cuda"
-  reason = _platform_reason(platform)
-  if reason:
-    raise ValueError(f"decode_attention: {reason}")
-  return platform
-
-
-def _platform_reason(platform: str | None) -> str | None:
-  """Why `platform` is not a target, or None."""
-  if platform is not None and platform not in PLATFORMS:
-    return (f"platform={platform!r}; allowed: None (the default backend), "
-            f"{', '.join(PLATFORMS)}.")
-  return None
-
-
-def _padded_heads(g: int, target: str) -> int:
-  """Query heads per block: a power of two; >= 16 for Triton's tl.dot, >= 8
-  (the sublanes) on TPU."""
-  gp = _next_pow2(g)
-  if target == "cuda":
-    gp = max(gp, _TRITON_MIN_DOT)
-  elif target == "tpu":
-    gp = max(gp, _TPU_SUBLANES)
-  return gp
-
-
-def _compiler_params(target: str):
-  """Triton for GPU (jax defaults Pallas-on-GPU to Mosaic GPU, which needs
-  warpgroup-sized copies this kernel does not make); Mosaic on TPU, the
-  split axis sequential ("arbitrary")."""
-  if target == "interpret":
-    return None
-  if target == "tpu":
-    return pltpu.CompilerParams(
-        dimension_semantics=("parallel", "parallel", "arbitrary"))
-  from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
-  return pltriton.CompilerParams(num_warps=4, num_stages=2)
+  return fp.target(interpret, platform, "decode_attention")
 
 
 def _check_target(target: str, layouts, head_dim: int,
                   split_len: int) -> str | None:
   """Why `target` cannot serve these layouts and tiles, or None."""
   if target == "cuda":
-    for layout, name in zip(layouts, ("k", "v")):
-      width = head_dim // _parts(layout)
-      if width < _TRITON_MIN_DOT:
-        return (f"{name}: head_dim {head_dim} in {_parts(layout)} code planes "
-                f"gives {width}-wide dots; Triton's tl.dot needs >= "
-                f"{_TRITON_MIN_DOT} (use head_dim >= {_TRITON_MIN_DOT * _parts(layout)} "
-                "or the XLA path).")
-  if target == "tpu" and split_len % _TPU_SUBLANES:
+    return fp.dot_width_reason(layouts, head_dim)
+  if target == "tpu" and split_len % fp.TPU_SUBLANES:
     return (f"the split length S/k_splits={split_len} is not a multiple of "
-            f"the TPU's {_TPU_SUBLANES} sublanes; use fewer splits or a "
+            f"the TPU's {fp.TPU_SUBLANES} sublanes; use fewer splits or a "
             "larger cache.")
   return None
 
@@ -134,7 +83,7 @@ def _check_target(target: str, layouts, head_dim: int,
 def _resolve_tiling(num_slots: int, block_k: int,
                     k_splits: int | None) -> tuple[int, int] | str:
   """Returns (block_k, k_splits) actually used, or why S does not tile."""
-  if not isinstance(block_k, int) or not _is_pow2(block_k):
+  if not isinstance(block_k, int) or not fp.is_pow2(block_k):
     return (f"block_k={block_k!r}: must be a positive power of two "
             "(Triton block shapes are powers of two).")
   block_k = min(block_k, num_slots)
@@ -191,7 +140,7 @@ def decode_attention_supported(q_BxKxGxH, k, v, length_B, *,
                                interpret: bool = False) -> str | None:
   """Why `decode_attention` cannot run on these inputs (on `platform`, see
   the module docstring), or None if it can."""
-  reason = _platform_reason(platform)
+  reason = fp.platform_reason(platform)
   if reason:
     return reason
   head_dim = q_BxKxGxH.shape[-1]
@@ -233,7 +182,7 @@ def decode_attention_dense_supported(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH,
                                      platform: str | None = None,
                                      interpret: bool = False) -> str | None:
   """Why `decode_attention_dense` cannot run on these inputs, or None."""
-  reason = _platform_reason(platform)
+  reason = fp.platform_reason(platform)
   if reason:
     return reason
   if hasattr(k_BxKxSxH, "data") or hasattr(v_BxKxSxH, "data"):
@@ -262,76 +211,12 @@ def decode_attention_dense_supported(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH,
 # ----------------------------------------------------------------------------
 
 
-def _parts(layout: PackedLayout | None) -> int:
-  return 1 if layout is None else layout.parts
-
-
-def _n_refs(layout: PackedLayout | None) -> int:
-  if layout is None:
-    return 1
-  return 2 if layout.symmetric else 3
-
-
-def _expand_scale(ref, layout: PackedLayout, plane: int, *, start,
-                  block_k: int, split_start, plane_width: int):
-  """Scale (or zero) of plane `plane` for rows [start, start + block_k).
-
-  Returns a float32 array broadcastable to [block_k, plane_width].
-  """
-  if layout.scale_axis == -1:
-    if layout.n_groups == 1:
-      return ref[pl.ds(start, block_k), :].astype(jnp.float32)  # [bk, 1]
-    # Plane column i is element parts*i+plane, in group i // (g / parts).
-    cols_per_group = plane_width // layout.n_groups
-    col_group = jax.lax.broadcasted_iota(
-        jnp.int32, (1, plane_width), 1) // cols_per_group
-    out = jnp.zeros((block_k, plane_width), jnp.float32)
-    for r in range(layout.n_groups):
-      col = ref[pl.ds(start, block_k), pl.ds(r, 1)].astype(jnp.float32)
-      out = jnp.where(col_group == r, col, out)
-    return out
-  # Token-group scales in planes [rows of this split, parts, H / parts]:
-  # plane j's column i is channel parts*i + j.
-  gt = layout.token_group
-  rows_per_block = max(1, block_k // gt)
-  first_row = (split_start + start) // gt - split_start // gt
-  row_of = lambda r: ref[pl.ds(first_row + r, 1), plane, :].astype(
-      jnp.float32).reshape(1, plane_width)
-  if rows_per_block == 1:
-    return row_of(0)  # [1, width]
-  row_group = jax.lax.broadcasted_iota(jnp.int32, (block_k, 1), 0) // gt
-  out = jnp.zeros((block_k, plane_width), jnp.float32)
-  for r in range(rows_per_block):
-    out = jnp.where(row_group == r, row_of(r), out)
-  return out
-
-
-def _load_plane(refs, layout: PackedLayout | None, plane: int, *, start,
-                block_k: int, split_start, plane_width: int):
-  """Dequantized plane `plane` of rows [start, start + block_k): [bk, width]."""
-  raw = refs[0][pl.ds(start, block_k), :]
-  if layout is None:  # Dense cache.
-    return raw.astype(jnp.float32)
-  codes = raw.astype(jnp.int32)
-  if layout.parts > 1:
-    codes = (codes >> (layout.bits * plane)) & ((1 << layout.bits) - 1)
-  codes = codes.astype(jnp.float32)
-  expand = functools.partial(_expand_scale, layout=layout, plane=plane,
-                             start=start, block_k=block_k,
-                             split_start=split_start, plane_width=plane_width)
-  scale = expand(refs[1])
-  if layout.symmetric:
-    return (codes - float(layout.offset)) * scale
-  return codes * scale + expand(refs[2])
-
-
 def _decode_kernel(start_ref, length_ref, q_ref, *refs, k_layout, v_layout,
                    block_k: int, split_len: int, head_dim: int,
                    scalar_prefetch: bool):
-  nk, nv = _n_refs(k_layout), _n_refs(v_layout)
+  nk, nv = fp.n_refs(k_layout), fp.n_refs(v_layout)
   k_refs, v_refs = refs[:nk], refs[nk:nk + nv]
   o_ref, m_ref, l_ref = refs[nk + nv:]
-  k_parts, v_parts = _parts(k_layout), _parts(v_layout)
   gp = q_ref.shape[1]
 
   split_start = pl.program_id(2) * split_len
@@ -345,51 +230,20 @@ def _decode_kernel(start_ref, length_ref, q_ref, *refs, k_layout, v_layout,
   hi = jnp.clip(length - split_start, 0, split_len)
   first_block = lo // block_k
   end_block = jnp.where(hi > lo, (hi + block_k - 1) // block_k, first_block)
-  qs = [q_ref[j, :, :].astype(jnp.float32) for j in range(k_parts)]
+  qs = [q_ref[j, :, :].astype(jnp.float32)
+        for j in range(fp.parts(k_layout))]
 
   def body(i, carry):
-    o_planes, m_prev, l_prev = carry
     start = pl.multiple_of(i * block_k, block_k)
-    load = functools.partial(_load_plane, start=start, block_k=block_k,
-                             split_start=split_start)
-    scores = None
-    for j in range(k_parts):
-      k_j = load(k_refs, k_layout, j, plane_width=head_dim // k_parts)
-      s_j = jax.lax.dot_general(qs[j], k_j, (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.float32)
-      scores = s_j if scores is None else scores + s_j  # [Gp, bk]
-    pos = split_start + start + jax.lax.broadcasted_iota(
-        jnp.int32, (1, block_k), 1)
-    valid = (pos >= begin) & (pos < length)
-    scores = jnp.where(valid, scores, -jnp.inf)
-    # Every visited block holds >= 1 valid slot, so m_next is finite.
-    m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
-    correction = jnp.exp(m_prev - m_next)
-    p = jnp.where(valid, jnp.exp(scores - m_next), 0.0)
-    l_next = correction * l_prev + jnp.sum(p, axis=1, keepdims=True)
-    new_planes = []
-    for j in range(v_parts):
-      v_j = load(v_refs, v_layout, j, plane_width=head_dim // v_parts)
-      new_planes.append(correction * o_planes[j] + jnp.dot(
-          p, v_j, preferred_element_type=jnp.float32))
-    return tuple(new_planes), m_next, l_next
+    return fp.attend_block(
+        qs, k_refs, v_refs, carry, k_layout=k_layout, v_layout=v_layout,
+        start=start, block_k=block_k, split_start=split_start,
+        first_token=split_start + start, begin=begin, end=length,
+        head_dim=head_dim)
 
-  init = (tuple(jnp.zeros((gp, head_dim // v_parts), jnp.float32)
-                for _ in range(v_parts)),
-          jnp.full((gp, 1), -jnp.inf, jnp.float32),
-          jnp.zeros((gp, 1), jnp.float32))
-  o_planes, m_i, l_i = jax.lax.fori_loop(first_block, end_block, body, init)
-  for j in range(v_parts):
-    o_ref[j, :, :] = o_planes[j]
-  m_ref[...] = m_i
-  l_ref[...] = l_i
-
-
-def _scale_planes(x_BxKxRxH: jax.Array, parts: int) -> jax.Array:
-  """Token-group scales [B, K, R, H] -> [B, K, R, parts, H / parts], plane
-  j holding channels parts*i + j."""
-  b, k, r, h = x_BxKxRxH.shape
-  return jnp.swapaxes(x_BxKxRxH.reshape(b, k, r, h // parts, parts), -1, -2)
+  carry = jax.lax.fori_loop(first_block, end_block, body,
+                            fp.init_carry(gp, head_dim, fp.parts(v_layout)))
+  fp.store_carry(o_ref, m_ref, l_ref, carry)
 
 
 def _cache_specs(x, layout: PackedLayout | None, split_len: int,
@@ -407,7 +261,7 @@ def _cache_specs(x, layout: PackedLayout | None, split_len: int,
                       lambda b, h, s: (b, h, s, 0))
   else:
     gt, parts = layout.token_group, layout.parts
-    scales = [_scale_planes(a, parts) for a in scales]
+    scales = [fp.scale_planes(a, parts) for a in scales]
     rows = max(1, split_len // gt)
     if split_len >= gt:
       index = lambda b, h, s: (b, h, s, 0, 0)
@@ -424,9 +278,9 @@ def _run(q_BxKxGxH, k, v, length_B, start_B, k_layout, v_layout, *,
   batch, num_kv, g, head_dim = q_BxKxGxH.shape
   num_slots = (k.data if k_layout is not None else k).shape[2]
   split_len = num_slots // k_splits
-  k_parts, v_parts = _parts(k_layout), _parts(v_layout)
+  k_parts, v_parts = fp.parts(k_layout), fp.parts(v_layout)
   target = _target(interpret, platform)
-  gp = _padded_heads(g, target)
+  gp = fp.padded_heads(g, target)
   tpu = target == "tpu"
 
   def spec(block_shape, index_map):
@@ -434,11 +288,7 @@ def _run(q_BxKxGxH, k, v, length_B, start_B, k_layout, v_layout, *,
       return pl.BlockSpec(block_shape, lambda b, h, s, *_: index_map(b, h, s))
     return pl.BlockSpec(block_shape, index_map)
 
-  q = q_BxKxGxH.astype(jnp.float32) * (1.0 / math.sqrt(head_dim))
-  q = jnp.pad(q, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
-  # Planes: q_planes[..., j, :, i] = q[..., :, k_parts * i + j].
-  q_planes = jnp.moveaxis(
-      q.reshape(batch, num_kv, gp, head_dim // k_parts, k_parts), -1, 2)
+  q_planes = fp.query_planes(q_BxKxGxH, gp, k_parts)
 
   k_arrays, k_specs = _cache_specs(k, k_layout, split_len, spec)
   v_arrays, v_specs = _cache_specs(v, v_layout, split_len, spec)
@@ -473,26 +323,13 @@ def _run(q_BxKxGxH, k, v, length_B, start_B, k_layout, v_layout, *,
       kernel,
       out_shape=out_shape,
       interpret=interpret,
-      compiler_params=_compiler_params(target),
+      compiler_params=fp.compiler_params(target),
       name="kvq_decode_attention",
       **grid_kw,
   )(start_B.astype(jnp.int32), length_B.astype(jnp.int32), q_planes,
     *k_arrays, *v_arrays)
 
-  # Merge the splits by log-sum-exp (m = -inf for empty splits).
-  m_max = jnp.max(m, axis=2, keepdims=True)
-  m_safe = jnp.where(jnp.isfinite(m_max), m_max, 0.0)
-  correction = jnp.exp(m - m_safe)  # [B, K, ns, Gp, 1]; 0 for empty splits.
-  l_sum = jnp.sum(l * correction, axis=2)  # [B, K, Gp, 1]
-  o_sum = jnp.sum(o * correction[:, :, :, None], axis=2)  # [B, K, P, Gp, W]
-  denom = jnp.where(l_sum > 0, l_sum, 1.0)
-  out_planes = jnp.where(l_sum[:, :, None] > 0, o_sum / denom[:, :, None], 0.0)
-  out = jnp.moveaxis(out_planes, 2, -1).reshape(batch, num_kv, gp, head_dim)
-  out = out[:, :, :g]
-  if not return_lse:
-    return out
-  lse = jnp.where(l_sum > 0, m_safe[:, :, 0] + jnp.log(denom), -jnp.inf)
-  return out, lse[:, :, :g, 0]
+  return fp.merge_splits(o, m, l, g, head_dim, return_lse)
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "k_splits",

@@ -6,7 +6,9 @@ each in order and warns (`warnings.warn`) with the reason for every skipped
 one. "xla" (dequantize the cache, then attention in jnp) always runs.
 
 `choose_implementation` is that rule on its own, for callers with their own
-"xla" path and extra reasons (the quantized KV cache uses it).
+"xla" path and extra reasons (the quantized KV cache uses it, with
+`pallas_unsupported_reason`; the paged cache with
+`paged_pallas_unsupported_reason`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import jax
 from kvq_jax.kernels.decode_attention import (
     DEFAULT_BLOCK_K, decode_attention, decode_attention_dense,
     decode_attention_dense_supported, decode_attention_supported)
+from kvq_jax.kernels.paged_decode_attention import (
+    paged_decode_attention_supported)
 from kvq_jax.kernels.reference import decode_attention_reference
 
 IMPLEMENTATIONS = ("xla", "pallas")
@@ -76,21 +80,38 @@ def choose_implementation(implementation: str | Sequence[str],
       + "; ".join(f"{c}: {r}" for c, r in skipped))
 
 
+def backend_reason(interpret: bool) -> str | None:
+  """Why no Pallas kernel can run on this backend, or None."""
+  if jax.default_backend() == "cpu" and not interpret:
+    return ("Pallas has no CPU lowering: on the cpu backend the kernel runs "
+            "only with interpret=True (the Pallas interpreter, for tests).")
+  return None
+
+
 def pallas_unsupported_reason(q_BxKxGxH, k, v, length_B, *, interpret: bool,
                               start_B=None,
                               block_k: int = DEFAULT_BLOCK_K,
                               k_splits: int | None = None) -> str | None:
   """Why the Pallas kernel cannot run here, or None."""
-  backend = jax.default_backend()
-  if backend == "cpu" and not interpret:
-    return ("Pallas has no CPU lowering: on the cpu backend the kernel runs "
-            "only with interpret=True (the Pallas interpreter, for tests).")
+  reason = backend_reason(interpret)
+  if reason:
+    return reason
   # The platform's own limits (Triton's dot sizes, TPU tiling) apply to
   # compiled runs on this backend; the interpreter has none.
   check = (decode_attention_supported if hasattr(k, "data")
            else decode_attention_dense_supported)
   return check(q_BxKxGxH, k, v, length_B, start_B=start_B, block_k=block_k,
                k_splits=k_splits, interpret=interpret)
+
+
+def paged_pallas_unsupported_reason(q_BxKxGxH, k_pool, v_pool,
+                                    block_table_BxM, end_B, *,
+                                    interpret: bool, page_size: int,
+                                    start_B=None) -> str | None:
+  """Why the paged Pallas kernel cannot run here, or None."""
+  return backend_reason(interpret) or paged_decode_attention_supported(
+      q_BxKxGxH, k_pool, v_pool, block_table_BxM, end_B, start_B=start_B,
+      page_size=page_size, interpret=interpret)
 
 
 def quantized_decode_attention(q_BxKxGxH: jax.Array, k, v,

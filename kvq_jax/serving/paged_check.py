@@ -172,4 +172,7 @@ def check_presets(config: ModelConfig, names: Sequence[str],
             + (f"max |paged - contiguous| {row['max_abs_diff']:.3g}"
                if "max_abs_diff" in row else f"refused: {row['refused']}")
             + (f" ({note})" if note else ""), flush=True)
+    # Every layer compiles its own programs: dropped per preset, or a sweep
+    # of every preset runs out of memory.
+    jax.clear_caches()
   return rows

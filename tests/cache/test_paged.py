@@ -11,6 +11,7 @@ operations, the bit views of 16-bit pools, and what is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import jax
@@ -121,20 +122,35 @@ def test_page_size_must_fit_groups_flushes_and_blocks():
     PagedLayerCache.create_paged(layer, 2, 1, 4, 3, 64)
 
 
-def test_explicit_pallas_is_refused_and_a_tuple_falls_back():
+def _respec(cache: list, **changes) -> list:
+  """A copy (decode donates its cache) with every layer's LayerSpec
+  fields changed; the stored pages are the same."""
+  return [c.replace(spec=dataclasses.replace(c.spec, **changes))
+          for c in jax.tree_util.tree_map(jnp.copy, cache)]
+
+
+def test_paged_pallas_decode_equals_xla_and_refusals_fall_back():
+  """attention_impl='pallas' decodes through the paged kernel (interpreted:
+  pages scattered in the pool, read through the block table) and equals
+  the XLA loop. Pre-RoPE keys, which the kernel cannot read, are refused
+  when 'pallas' is explicit and fall back to 'xla' in a tuple. Every copy
+  shares one prefill: only the static spec changes."""
   int4 = QuantSpec("int4", "symmetric", "per_group", 8)
   rt, ids = ts.runtime("tiny1"), ts.token_ids(length=8)
-  for impl in ("pallas", ("pallas", "xla")):
-    spec = CacheSpec(k=int4, v=int4, block_size=16, attention_impl=impl,
-                     interpret=True)
-    cache = _paged_tiny("tiny1", spec)
-    _, cache = rt.prefill(ids, cache)
-    if impl == "pallas":
-      with pytest.raises(ValueError, match="the cache is paged"):
-        rt.decode(ids[:, -1], cache)
-    else:
-      with pytest.warns(UserWarning, match="falling back to 'xla'"):
-        rt.decode(ids[:, -1], cache)
+  spec = CacheSpec(k=int4, v=int4, block_size=16, interpret=True)
+  _, cache = rt.prefill(ids, _paged_tiny("tiny1", spec))
+  want, _ = rt.decode(ids[:, -1], _respec(cache))
+  got, _ = rt.decode(ids[:, -1], _respec(cache, attention_impl="pallas"))
+  assert np.abs(np.asarray(want)).max() > 0.1  # Non-trivial logits.
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  with pytest.raises(ValueError,
+                     match="implementation='pallas'.*key_rope='pre'"):
+    rt.decode(ids[:, -1], _respec(cache, key_rope="pre",
+                                  attention_impl="pallas"))
+  with pytest.warns(UserWarning,
+                    match="key_rope='pre'.*falling back to 'xla'"):
+    rt.decode(ids[:, -1], _respec(cache, key_rope="pre",
+                                  attention_impl=("pallas", "xla")))
 
 
 def test_scattered_table_uses_distinct_real_pages():

@@ -6,6 +6,10 @@ prefetch, compiler parameters and the kernel body's lowering all run, so a
 kernel that would not compile there fails here (only the platform's own
 backend compiler, Triton or Mosaic's, is not run). Every listed format, B =
 2, head_dim 64, 128 and 256, and GQA with G = 3 query heads per kv head.
+The paged kernel likewise, over pools as the paged cache stores them
+(bf16 scales as uint16 bits), head_dim 64 and 128: for TPU its scalar-
+prefetched block table picks each page's block, for CUDA the kernel reads
+pages of the whole pool through the table (strided token-group scales).
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from kvq_jax.cache.paged_store import pool_store
 from kvq_jax.kernels.decode_attention import (decode_attention,
                                               decode_attention_dense,
                                               decode_attention_supported)
+from kvq_jax.kernels.paged_decode_attention import paged_decode_attention
 from kvq_jax.quant import QuantSpec, quantize
 
 B, K, G, S = 2, 2, 3, 256
@@ -65,6 +71,22 @@ def test_decode_kernel_lowers(platform, head_dim, name):
   q, k, v, length = _inputs(head_dim, *FORMATS[name])
   text = _lower(decode_attention, platform, q, k, v, length,
                 start_B=length, block_k=64)
+  assert MARKER[platform] in text
+
+
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_paged_kernel_lowers(platform, head_dim, name):
+  num_pages, page, max_pages = 64, 32, 8  # 2 splits of 4 pages.
+  pages = jnp.zeros((num_pages, K, page, head_dim), jnp.float32)
+  k, v = (jax.eval_shape(lambda x, s=s: pool_store(quantize(x, s), s), pages)
+          for s in FORMATS[name])
+  q = jax.ShapeDtypeStruct((B, K, G, head_dim), jnp.float32)
+  table = jax.ShapeDtypeStruct((B, max_pages), jnp.int32)
+  end = jax.ShapeDtypeStruct((B,), jnp.int32)
+  text = _lower(paged_decode_attention, platform, q, k, v, table, end,
+                start_B=end, page_size=page, pages_per_block=4)
   assert MARKER[platform] in text
 
 
