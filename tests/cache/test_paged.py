@@ -31,12 +31,13 @@ from tests.fixtures.preset_specs import preset_settings, synthetic_key_stats
 from tests.fixtures.smollm2 import SMOLLM2
 
 # One preset per storage path: a bf16 plain store (as uint16 bits), int8
-# per token (scales folded out of the dots), q4_0 (float16 scales, bit
-# planes), kivi2 (per-channel keys with their flush window, a residual
-# window, the mixed segment), kvq4 (pre-RoPE per-channel keys, Hadamard
-# values), tq3 (Lloyd-Max codebooks after a seeded rotation, key affine),
-# kq3 (static keys, outliers, a sink).
-PRESETS = ("bf16", "int8", "q4_0", "kivi2", "kvq4", "tq3", "kq3")
+# per token (scales folded out of the dots), kivi2 (per-channel keys with
+# their flush window, a residual window, the mixed segment), tq3 (Lloyd-Max
+# codebooks after a seeded rotation, pre-RoPE keys, key affine), kq3
+# (static keys, outliers, a sink). q4_0 (float16 scales) and kvq4 (pre-RoPE
+# per-channel keys, Hadamard values) are experiments.paged_check's, with
+# every other preset: CI's budget.
+PRESETS = ("bf16", "int8", "kivi2", "tq3", "kq3")
 
 
 @pytest.fixture(scope="module", name="key_stats")
@@ -59,7 +60,7 @@ def _paged_tiny(config_name, spec, batch=2, page=8, max_pages=6, pages=20):
       batch, max_pages).astype(np.int32))
 
 
-@pytest.mark.parametrize("name", ["int4_g8_sym", "kivi_pc8_r8"])
+@pytest.mark.parametrize("name", ["kivi_pc8_r8"])
 def test_paged_model_logits_equal_contiguous(name):
   # The contiguous logits are the streaming-consistency tests' (cached per
   # session): one prefill, and uneven chunks of 7 and decode steps.
