@@ -295,21 +295,10 @@ def _run(q_BxKxGxH, k, v, length_B, start_B, k_layout, v_layout, *,
   kernel = functools.partial(
       _decode_kernel, k_layout=k_layout, v_layout=v_layout, block_k=block_k,
       split_len=split_len, head_dim=head_dim, scalar_prefetch=tpu)
-  v_width = head_dim // v_parts
-  out_shape = [
-      jax.ShapeDtypeStruct((batch, num_kv, k_splits, v_parts, gp, v_width),
-                           jnp.float32),
-      jax.ShapeDtypeStruct((batch, num_kv, k_splits, gp, 1), jnp.float32),
-      jax.ShapeDtypeStruct((batch, num_kv, k_splits, gp, 1), jnp.float32),
-  ]
-  out_specs = [
-      spec((None, None, None, v_parts, gp, v_width),
-           lambda b, h, s: (b, h, s, 0, 0, 0)),
-      spec((None, None, None, gp, 1), lambda b, h, s: (b, h, s, 0, 0)),
-      spec((None, None, None, gp, 1), lambda b, h, s: (b, h, s, 0, 0)),
-  ]
-  in_specs = [spec((None, None, k_parts, gp, head_dim // k_parts),
-                   lambda b, h, s: (b, h, 0, 0, 0))] + k_specs + v_specs
+  out_shape, out_specs = fp.split_outputs(
+      batch, num_kv, k_splits, v_parts, gp, head_dim, spec)
+  in_specs = [fp.query_spec(k_parts, gp, head_dim, spec)]
+  in_specs += k_specs + v_specs
   grid = (batch, num_kv, k_splits)
   if tpu:  # lengths and starts by scalar prefetch (SMEM)
     grid_kw = dict(grid_spec=pltpu.PrefetchScalarGridSpec(

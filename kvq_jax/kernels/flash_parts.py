@@ -236,6 +236,35 @@ def attend_block(qs, k_refs, v_refs, carry, *, k_layout, v_layout, start,
   return tuple(new_planes), m_next, l_next
 
 
+def split_outputs(batch: int, num_kv: int, splits: int, v_parts: int,
+                  gp: int, head_dim: int, spec):
+  """(out_shape, out_specs) of a split decode kernel: per (batch row, kv
+  head, split) the unnormalised output planes, the running max and the
+  running sum that `merge_splits` combines. `spec(block_shape, index_map)`
+  builds a BlockSpec for the caller's grid (b, h, s)."""
+  v_width = head_dim // v_parts
+  stats = (batch, num_kv, splits, gp, 1)
+  out_shape = [
+      jax.ShapeDtypeStruct((batch, num_kv, splits, v_parts, gp, v_width),
+                           jnp.float32),
+      jax.ShapeDtypeStruct(stats, jnp.float32),
+      jax.ShapeDtypeStruct(stats, jnp.float32),
+  ]
+  stat_spec = spec((None, None, None, gp, 1), lambda b, h, s: (b, h, s, 0, 0))
+  out_specs = [
+      spec((None, None, None, v_parts, gp, v_width),
+           lambda b, h, s: (b, h, s, 0, 0, 0)),
+      stat_spec, stat_spec,
+  ]
+  return out_shape, out_specs
+
+
+def query_spec(k_parts: int, gp: int, head_dim: int, spec):
+  """The BlockSpec of `query_planes`' output: one (batch row, kv head)."""
+  return spec((None, None, k_parts, gp, head_dim // k_parts),
+              lambda b, h, s: (b, h, 0, 0, 0))
+
+
 def store_carry(o_ref, m_ref, l_ref, carry) -> None:
   o_planes, m_i, l_i = carry
   for j, plane in enumerate(o_planes):

@@ -303,21 +303,10 @@ def _run(q_BxKxGxH, k_pool, v_pool, table_BxM, start_B, end_B, k_layout,
         lambda b, h, s, n=a.ndim - 2: (0, h) + (0,) * n) for a in arrays]
     pool_args = arrays
 
-  v_width = head_dim // v_parts
-  out_shape = [
-      jax.ShapeDtypeStruct((batch, num_kv, splits, v_parts, gp, v_width),
-                           jnp.float32),
-      jax.ShapeDtypeStruct((batch, num_kv, splits, gp, 1), jnp.float32),
-      jax.ShapeDtypeStruct((batch, num_kv, splits, gp, 1), jnp.float32),
-  ]
-  out_specs = [
-      spec((None, None, None, v_parts, gp, v_width),
-           lambda b, h, s: (b, h, s, 0, 0, 0)),
-      spec((None, None, None, gp, 1), lambda b, h, s: (b, h, s, 0, 0)),
-      spec((None, None, None, gp, 1), lambda b, h, s: (b, h, s, 0, 0)),
-  ]
-  in_specs = [spec((None, None, k_parts, gp, head_dim // k_parts),
-                   lambda b, h, s: (b, h, 0, 0, 0))] + pool_specs
+  out_shape, out_specs = fp.split_outputs(
+      batch, num_kv, splits, v_parts, gp, head_dim, spec)
+  in_specs = [fp.query_spec(k_parts, gp, head_dim, spec)]
+  in_specs += pool_specs
   grid = (batch, num_kv, splits)
   table = table_BxM.astype(jnp.int32)
   if prefetch:  # starts, ends and the flattened table by scalar prefetch

@@ -235,7 +235,37 @@ class PageAllocator:
       raise ValueError(f"{where}: holder={holder!r} must be a Holder.")
 
 
-class BlockTables:
+class PageUser:
+  """Holds references in a `PageAllocator` under a `Holder` of its own, for
+  pages of `page_size` tokens: the part `BlockTables` and
+  `prefix_index.PrefixIndex` share."""
+
+  def __init__(self, allocator: PageAllocator, page_size: int, where: str):
+    if not isinstance(allocator, PageAllocator):
+      raise ValueError(f"{where}: allocator={allocator!r} must be a "
+                       f"PageAllocator.")
+    page_size = _as_int(page_size, "page_size", where)
+    if page_size <= 0:
+      raise ValueError(f"{where}: page_size={page_size}: must be positive.")
+    self._allocator = allocator
+    self._page_size = page_size
+    self._holder = Holder(where)
+
+  @property
+  def allocator(self) -> PageAllocator:
+    return self._allocator
+
+  @property
+  def holder(self) -> Holder:
+    """The holder this object's references are held under."""
+    return self._holder
+
+  @property
+  def page_size(self) -> int:
+    return self._page_size
+
+
+class BlockTables(PageUser):
   """Per-slot page lists for `max_slots` slots of up to `max_pages` pages of
   `page_size` tokens, kept as an int32 [max_slots, max_pages] block table.
 
@@ -247,29 +277,14 @@ class BlockTables:
   def __init__(self, allocator: PageAllocator, max_slots: int,
                max_pages: int, page_size: int):
     where = "BlockTables"
-    if not isinstance(allocator, PageAllocator):
-      raise ValueError(f"{where}: allocator={allocator!r} must be a "
-                       f"PageAllocator.")
-    for name, value in (("max_slots", max_slots), ("max_pages", max_pages),
-                        ("page_size", page_size)):
+    super().__init__(allocator, page_size, where)
+    for name, value in (("max_slots", max_slots), ("max_pages", max_pages)):
       if _as_int(value, name, where) <= 0:
         raise ValueError(f"{where}: {name}={value}: must be positive.")
-    self._allocator = allocator
     self._max_slots = operator.index(max_slots)
     self._max_pages = operator.index(max_pages)
-    self._page_size = operator.index(page_size)
-    self._holder = Holder("BlockTables")
     self._table = np.zeros((self._max_slots, self._max_pages), np.int32)
     self._length = [0] * self._max_slots  # pages owned per slot
-
-  @property
-  def allocator(self) -> PageAllocator:
-    return self._allocator
-
-  @property
-  def holder(self) -> Holder:
-    """The holder the slots' references are held under."""
-    return self._holder
 
   @property
   def max_slots(self) -> int:
@@ -278,10 +293,6 @@ class BlockTables:
   @property
   def max_pages(self) -> int:
     return self._max_pages
-
-  @property
-  def page_size(self) -> int:
-    return self._page_size
 
   @property
   def max_tokens(self) -> int:

@@ -33,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kvq_jax.serving.pages import (Holder, PageAllocator, _as_int,
+from kvq_jax.serving.pages import (PageAllocator, PageUser, _as_int,
                                    _as_pages)
 
 _INT32 = np.iinfo(np.int32)
@@ -70,45 +70,24 @@ def page_keys(tokens: Sequence[int], page_size: int) -> list[bytes]:
   return keys
 
 
-class PrefixIndex:
+class PrefixIndex(PageUser):
   """Cached full pages by chained prefix key, holding one allocator
   reference to each, evicted least recently used first."""
 
   def __init__(self, allocator: PageAllocator, page_size: int,
                capacity_pages: int | None = None):
     where = "PrefixIndex"
-    if not isinstance(allocator, PageAllocator):
-      raise ValueError(f"{where}: allocator={allocator!r} must be a "
-                       f"PageAllocator.")
-    page_size = _as_int(page_size, "page_size", where)
-    if page_size <= 0:
-      raise ValueError(f"{where}: page_size={page_size}: must be positive.")
+    super().__init__(allocator, page_size, where)
     if capacity_pages is not None:
       capacity_pages = _as_int(capacity_pages, "capacity_pages", where)
       if capacity_pages < 0:
         raise ValueError(f"{where}: capacity_pages={capacity_pages}: must be "
                          f">= 0 or None (unbounded).")
-    self._allocator = allocator
-    self._page_size = page_size
     self._capacity = capacity_pages
-    self._holder = Holder("PrefixIndex")
     # key -> page, least recently used first.
     self._entries: collections.OrderedDict[bytes, int] = (
         collections.OrderedDict())
     self._key_of: dict[int, bytes] = {}  # page -> its key
-
-  @property
-  def allocator(self) -> PageAllocator:
-    return self._allocator
-
-  @property
-  def holder(self) -> Holder:
-    """The holder the index's references are held under."""
-    return self._holder
-
-  @property
-  def page_size(self) -> int:
-    return self._page_size
 
   @property
   def capacity_pages(self) -> int | None:

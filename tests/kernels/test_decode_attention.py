@@ -19,6 +19,7 @@ from kvq_jax.kernels.decode_attention import decode_attention_dense
 from kvq_jax.kernels.decode_attention import decode_attention_reference
 from kvq_jax.kernels.decode_attention import decode_attention_supported
 from kvq_jax.quant import QuantSpec, quantize
+from tests.kernels.kernel_case import KernelCase
 
 LENGTHS = (37, 200, 1)  # Ragged, not multiples of the block.
 
@@ -62,17 +63,8 @@ FORMAT_CASES = [
     ("int4", "symmetric", "per_channel")]
 
 
-class TestDecodeAttention:
-  INTERPRET = False
-
-  @pytest.fixture(autouse=True)
-  def _setup(self):
-    if not self.INTERPRET and jax.default_backend() == "cpu":
-      pytest.skip("Compiled Pallas needs a GPU/TPU; see the Interpret class.")
-
-  @property
-  def tol(self):
-    return 1e-5 if self.INTERPRET else 1e-3
+class TestDecodeAttention(KernelCase):
+  """See `KernelCase`."""
 
   def _check(self, q, k, v, lengths, **kw):
     length = jnp.array(lengths, jnp.int32)

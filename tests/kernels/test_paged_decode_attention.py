@@ -33,6 +33,7 @@ from kvq_jax.kernels.paged_decode_attention import (
     paged_decode_attention_supported)
 from kvq_jax.kernels.reference import decode_attention_reference
 from kvq_jax.quant import QuantizedArray, QuantSpec, quantize
+from tests.kernels.kernel_case import KernelCase
 
 B, K, G, H, P, M, N = 3, 2, 3, 64, 16, 4, 16
 END = (37, 64, 5)    # Ragged (a partial page), full, empty (start == end).
@@ -124,17 +125,8 @@ def test_paged_reference_equals_contiguous_reference(cases, name):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
-class TestPagedDecodeAttention:
-  INTERPRET = False
-
-  @pytest.fixture(autouse=True)
-  def _setup(self):
-    if not self.INTERPRET and jax.default_backend() == "cpu":
-      pytest.skip("Compiled Pallas needs a GPU/TPU; see the Interpret class.")
-
-  @property
-  def tol(self):
-    return 1e-5 if self.INTERPRET else 1e-3
+class TestPagedDecodeAttention(KernelCase):
+  """See `KernelCase`."""
 
   def _platform(self, program: str):
     """The `platform` that runs `program` here, or skip."""

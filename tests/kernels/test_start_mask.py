@@ -20,6 +20,7 @@ from kvq_jax.kernels.decode_attention import (decode_attention,
 from kvq_jax.kernels.dispatch import quantized_decode_attention
 from kvq_jax.kernels.reference import decode_attention_reference
 from kvq_jax.quant import QuantSpec, dequantize, quantize
+from tests.kernels.kernel_case import KernelCase
 
 INT4_ASYM = QuantSpec("int4", "asymmetric", "per_group", 32)
 INT8_TOKEN = QuantSpec("int8", "symmetric", "per_token")
@@ -55,17 +56,8 @@ def _oracle(q, k, v, start, length):
   return out, lse[..., 0]
 
 
-class TestStartMask:
-  INTERPRET = False
-
-  @pytest.fixture(autouse=True)
-  def _setup(self):
-    if not self.INTERPRET and jax.default_backend() == "cpu":
-      pytest.skip("Compiled Pallas needs a GPU/TPU; see the Interpret class.")
-
-  @property
-  def tol(self):
-    return 2e-5 if self.INTERPRET else 2e-3
+class TestStartMask(KernelCase):
+  TOLERANCE = {True: 2e-5, False: 2e-3}
 
   def _check(self, q, k, v, starts, lengths, dense=False, **kw):
     start = jnp.array(starts, jnp.int32)
