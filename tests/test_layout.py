@@ -28,7 +28,8 @@ LAYERS = (
     ("settings", "sharding"),
     ("cli", "bench"),
     ("calibration", "sweep", "generation", "serving"),
-    ("research", "report"),
+    ("research", "tasks"),
+    ("report",),
     ("run", "longctx"),
 )
 MUTUAL = frozenset({"cache", "models", "loaders"})

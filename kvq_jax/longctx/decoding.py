@@ -37,11 +37,8 @@ from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.facade import load_model
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.runtime import Runtime
-from kvq_jax.settings.experiment_settings import (ExperimentSettings,
-                                                 settings_from_config)
-from kvq_jax.sweep.grid import SweepPoint
-from kvq_jax.sweep.points import parse_points
-from kvq_jax.sweep.runner import unique_points
+from kvq_jax.settings.experiment_settings import settings_from_config
+from kvq_jax.sweep.resolve import resolve_points  # noqa: F401 (re-exported)
 
 PREFILL_CHUNK = 512
 BASELINE = "baseline"  # Name of the full-precision pass in every output.
@@ -96,25 +93,6 @@ def positive_ints(values: Sequence[int], what: str) -> tuple[int, ...]:
     raise ValueError(f"{what}={list(out)!r}: allowed: one or more integers "
                      ">= 1.")
   return out
-
-
-def resolve_points(settings: ExperimentSettings, config_name: str,
-                   points: str | Sequence[str] | None,
-                   model_config: ModelConfig) -> list[SweepPoint]:
-  """The presets to compare with the baseline, resolved as the sweep does.
-
-  With `points`, every item is parsed by `sweep.points.parse_points` on top
-  of the base preset's cache settings (duplicates evaluated once, a name
-  clash refused); without, the base preset itself (named `config_name`),
-  or nothing when it does not quantize (baseline only).
-  """
-  if points:
-    return unique_points(parse_points(
-        points, settings.cache_spec, head_dim=model_config.head_dim,
-        num_layers=model_config.num_layers))
-  if settings.quantize and settings.cache_spec is not None:
-    return [SweepPoint(config_name, settings.cache_spec, source="preset")]
-  return []
 
 
 def new_cache(runtime: Runtime, spec: CacheSpec | None, capacity: int,

@@ -24,6 +24,7 @@ from typing import Callable
 from kvq_jax.eval.uncertainty_format import (describe_delta_ci,
                                              format_mean_stderr, format_signed)
 from kvq_jax.report.results_collect import Collected, ResultRow, collect_results
+from kvq_jax.report.task_sections import collect_sections
 from kvq_jax.sweep import reference
 from kvq_jax.sweep.pareto import pareto_front
 from kvq_jax.sweep.plot import pareto_plot
@@ -260,16 +261,33 @@ def results_markdown(collected: Collected,
 def write_report(runs: str | os.PathLike, out: str | os.PathLike | None = None,
                  plot: str | os.PathLike | None = None) -> str:
   """Gathers the results under `runs`; returns the markdown, also written
-  to `out` when given. `plot`: one Pareto PNG per group (`plot_paths`)."""
-  collected = collect_results(runs)
-  plots = None
-  if plot is not None:
-    groups = group_rows(collected.rows)
-    paths = plot_paths(plot, len(groups))
-    for group, path in zip(groups, paths):
-      write_group_plot(group, path)
-    plots = [str(p) for p in paths]
-  text = results_markdown(collected, plots)
+  to `out` when given. `plot`: one Pareto PNG per group (`plot_paths`).
+  The serving and HumanEval results follow (`task_sections`); a folder
+  with neither quality nor those results is a ValueError."""
+  sections, section_notes = collect_sections(runs)
+  try:
+    collected = collect_results(runs)
+  except ValueError:
+    if not sections:
+      raise
+    collected = None
+  parts = []
+  if collected is not None:
+    plots = None
+    if plot is not None:
+      groups = group_rows(collected.rows)
+      paths = plot_paths(plot, len(groups))
+      for group, path in zip(groups, paths):
+        write_group_plot(group, path)
+      plots = [str(p) for p in paths]
+    parts.append(results_markdown(collected, plots))
+  if sections:
+    parts.append("## Serving and downstream tasks\n\n"
+                 + "\n\n".join(sections) + "\n")
+  if section_notes:
+    parts.append("Not shown:\n\n" + "\n".join(f"* {n}"
+                                                for n in section_notes) + "\n")
+  text = "\n".join(parts)
   if out is not None:
     out_path = pathlib.Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)

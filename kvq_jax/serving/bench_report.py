@@ -3,7 +3,8 @@
 serve.json: {"machine", "workload", "budget_bytes", "rows": [per kind: every
 `bench.serve_kind` figure and `compare_to_baseline` ratio, the concurrency
 trace, and per request its new tokens, TTFT and preemptions]}.
-`experiments.report` lists it beside the quality results (`rows_for_report`).
+`experiments.report` lists it beside the quality results
+(`report.task_sections`).
 """
 
 from __future__ import annotations

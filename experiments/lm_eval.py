@@ -1,0 +1,28 @@
+r"""lm-evaluation-harness through a quantized KV cache (`--model kvq_jax`).
+
+  pip install -e '.[lm_eval]'     # lm-eval 0.4.x with torch: not in CI
+  python -m experiments.lm_eval --model kvq_jax \
+      --model_args model=qwen2.5-coder-0.5b,config=int4_g32_asym \
+      --tasks TASK [--include_path DIR] [--output_path DIR]
+
+Registers the model (kvq_jax/tasks/lm_eval_model.py) and runs lm-eval's own
+command line, whose flags these are (argparse, not absl). model_args:
+model, config (a preset), baseline (true: its full-precision cache),
+batch, max_length, max_gen_toks.
+"""
+
+import sys
+
+
+def main() -> None:
+  try:
+    from kvq_jax.tasks import lm_eval_model  # noqa: F401 (registers)
+    from lm_eval.__main__ import cli_evaluate
+  except ImportError as e:
+    sys.exit(f"experiments.lm_eval needs lm-eval: pip install -e "
+             f"'.[lm_eval]' ({e})")
+  cli_evaluate()
+
+
+if __name__ == "__main__":
+  main()
