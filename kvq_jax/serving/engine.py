@@ -28,7 +28,10 @@ when an online request has arrived).
 Prefix caching (`EngineConfig.prefix_caching`): every full page a request
 commits is registered under a hash of all tokens up to its end
 (`prefix_index.PrefixIndex`); a new request whose prompt starts with cached
-pages attaches them by refcount and prefills the rest only. Only pages whose
+pages attaches them by refcount and prefills the rest only; a request whose
+prompt shares full pages with a prompt still being prefilled waits at the
+head of the queue until those pages are committed, so requests arriving
+together compute a shared prefix once. Only pages whose
 every token sits in quantized (or dense) storage can be shared, and the
 state a request keeps outside its pages (a full-precision residual or flush
 window, sinks, a sliding layer's ring) cannot be rebuilt from pages, so a
@@ -52,7 +55,7 @@ from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.models.runtime import Runtime
 from kvq_jax.serving import steps
 from kvq_jax.serving.pages import BlockTables, OutOfPages, PageAllocator
-from kvq_jax.serving.prefix_index import PrefixIndex
+from kvq_jax.serving.prefix_index import PrefixIndex, page_keys
 from kvq_jax.serving.request import Request, RequestResult, check_requests
 
 
@@ -282,6 +285,9 @@ class Engine:
       while waiting and None in slots:
         r, tokens = waiting[0]
         reused = (index.lookup(tokens[:-1]) if index is not None else [])
+        if index is not None and self._awaits_prefix(
+            tokens, len(reused), slots):
+          break
         fresh = -(-len(tokens) // cfg.page_size) - len(reused)
         if allocator.num_free < fresh + cfg.headroom_pages:
           if index is not None and index.evict(
@@ -355,6 +361,22 @@ class Engine:
     if index is not None:
       index.evict(len(index))
     return [results[r.id] for r in requests]
+
+  def _awaits_prefix(self, tokens, num_reused: int, slots) -> bool:
+    """Whether a running request is still prefilling full pages that
+    `tokens` share beyond the `num_reused` cached ones: the request then
+    waits for them to be committed (a few steps) instead of computing the
+    same pages again."""
+    keys = page_keys(tokens[:-1], self.config.page_size)
+    if len(keys) <= num_reused:
+      return False
+    for x in slots:
+      if x is None or x.pending is not None or x.cursor >= len(x.tokens):
+        continue  # Not prefilling.
+      theirs = page_keys(x.tokens, self.config.page_size)
+      if len(theirs) > num_reused and theirs[num_reused] == keys[num_reused]:
+        return True
+    return False
 
   def _emit(self, s, slots, token, eos, decode_text, now, free_slot):
     x = slots[s]
