@@ -28,7 +28,7 @@ equal token for token, and the mean tokens to the first divergence.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -229,19 +229,27 @@ def compare_to_baseline(rows: list[dict], baseline: str,
 
 def run(runtime: Runtime, kinds: Sequence[str], requests: Sequence[Request],
         budget_bytes: int, *, max_slots: int,
-        page_size: int, prefill_chunk: int, prefix_caching: bool = False
-        ) -> list[dict]:
-  """Every kind's row, compared to the first kind (the baseline)."""
+        page_size: int, prefill_chunk: int, prefix_caching: bool = False,
+        on_kind: Callable[[list[dict]], None] | None = None) -> list[dict]:
+  """Every kind's row, compared to the first kind (the baseline).
+
+  `on_kind(rows)`, when given, receives the rows so far (compared) after
+  every kind, so a long run leaves its finished kinds on disk.
+  """
   request_tokens = max(r.max_tokens for r in requests)
   for kind in kinds:  # Every budget is checked before anything compiles.
     kind_plan(runtime, kind, budget_bytes, page_size, request_tokens,
               max_slots)
-  rows = [serve_kind(runtime, kind, requests, budget_bytes,
-                     max_slots=max_slots, page_size=page_size,
-                     prefill_chunk=prefill_chunk,
-                     request_tokens=request_tokens,
-                     prefix_caching=prefix_caching) for kind in kinds]
-  compare_to_baseline(rows, kinds[0], weight_bytes(runtime))
+  rows = []
+  for kind in kinds:
+    rows.append(serve_kind(runtime, kind, requests, budget_bytes,
+                           max_slots=max_slots, page_size=page_size,
+                           prefill_chunk=prefill_chunk,
+                           request_tokens=request_tokens,
+                           prefix_caching=prefix_caching))
+    compare_to_baseline(rows, kinds[0], weight_bytes(runtime))
+    if on_kind is not None:
+      on_kind(rows)
   return rows
 
 

@@ -88,17 +88,20 @@ def main(*, model: str, kinds: Sequence[str], kv_budget_mib, device_memory_gib,
   print(f"model {model}; {workload.label()}; prompts from {source}; KV "
         f"budget {budget / 2 ** 20:.2f} MiB; page {page_size}; prefill "
         f"chunk {prefill_chunk}; max slots {max_slots}", flush=True)
-  rows = bench.run(runtime, kinds, requests, budget, max_slots=max_slots,
-                   page_size=page_size, prefill_chunk=prefill_chunk,
-                   prefix_caching=prefix_caching)
-  print(bench_report.markdown_table(rows))
-  print(bench_report.chain(rows))
-  print(bench_report.profile(rows))
   header = {"model": model, "workload": workload.label(), "prompts": source,
             "budget_bytes": budget, "page_size": page_size,
             "prefill_chunk": prefill_chunk, "max_slots": max_slots,
             "prefix_caching": prefix_caching,
             "weight_bytes": bench.weight_bytes(runtime)}
+  # The kinds finished so far are written after each one (a long run
+  # interrupted keeps them); the last write holds every kind.
+  rows = bench.run(runtime, kinds, requests, budget, max_slots=max_slots,
+                   page_size=page_size, prefill_chunk=prefill_chunk,
+                   prefix_caching=prefix_caching,
+                   on_kind=lambda done: bench_report.write(out, done, header))
+  print(bench_report.markdown_table(rows))
+  print(bench_report.chain(rows))
+  print(bench_report.profile(rows))
   for path in bench_report.write(out, rows, header):
     print(f"wrote {path}")
   return rows

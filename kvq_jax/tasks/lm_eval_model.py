@@ -56,7 +56,14 @@ def build(model: str | None = None, config: str = "int4_g32",
 class KvqJaxLM(LM):
   """lm-eval's LM over `CacheLM` (its requests' `.args` are the tuples)."""
 
-  def __init__(self, **model_args):
+  def __init__(self, batch_size=None, max_batch_size=None, device=None,
+               **model_args):
+    # lm-eval adds --batch_size, --max_batch_size and --device to the
+    # model_args; JAX picks its own device, and an integer batch size is
+    # the engine's batch unless model_args gave `batch`.
+    del max_batch_size, device
+    if isinstance(batch_size, int) and "batch" not in model_args:
+      model_args["batch"] = batch_size
     super().__init__()
     self.impl = build(**model_args)
 
