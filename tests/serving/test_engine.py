@@ -122,13 +122,17 @@ def test_stops_at_eos_and_at_a_stop_string():
   assert r_stop.new_ids == want[:len(r_stop.new_ids)]
 
 
-def test_prefix_caching_reuses_pages_and_changes_nothing():
+@pytest.mark.parametrize("max_slots", [1, 4])
+def test_prefix_caching_reuses_pages_and_changes_nothing(max_slots):
+  """One slot: each request finds the previous one's pages. Four slots:
+  all arrive and fit at once, and the last three wait for the first one's
+  prefix to be committed instead of computing it again."""
   rng = np.random.default_rng(4)
   prefix = tuple(int(t) for t in rng.integers(0, 97, 24))
   requests = [Request(i, prefix + tuple(int(t) for t in rng.integers(
       0, 97, 5)), 6, ignore_eos=True) for i in range(4)]
   spec = ts.SWEEP["int4_g8_sym"][1]
-  plain, cached = (_engine(spec, num_pages=30, max_slots=1,
+  plain, cached = (_engine(spec, num_pages=30, max_slots=max_slots,
                            prefix_caching=pc) for pc in (False, True))
   want = plain.run(requests)
   got = cached.run(requests)
@@ -137,38 +141,7 @@ def test_prefix_caching_reuses_pages_and_changes_nothing():
   assert [r.reused_tokens for r in got] == [0, 24, 24, 24]
   assert (sum(s.prefill_tokens for s in cached.steps)
           == sum(s.prefill_tokens for s in plain.steps) - 3 * 24)
-
-
-def test_requests_arriving_together_compute_a_shared_prefix_once():
-  rng = np.random.default_rng(5)
-  prefix = tuple(int(t) for t in rng.integers(0, 97, 24))
-  requests = [Request(i, prefix + tuple(int(t) for t in rng.integers(
-      0, 97, 5)), 6, ignore_eos=True) for i in range(4)]
-  spec = ts.SWEEP["int4_g8_sym"][1]
-  plain, cached = (_engine(spec, num_pages=30, max_slots=4,
-                           prefix_caching=pc) for pc in (False, True))
-  want = plain.run(requests)
-  got = cached.run(requests)
-  assert [r.new_ids for r in got] == [r.new_ids for r in want]
-  # All four fit at once; the last three wait for the first one's prefix.
-  assert [r.reused_tokens for r in got] == [0, 24, 24, 24]
-  assert max(s.running for s in plain.steps) == 4
-
-
-def test_requests_arriving_together_compute_a_shared_prefix_once():
-  rng = np.random.default_rng(5)
-  prefix = tuple(int(t) for t in rng.integers(0, 97, 24))
-  requests = [Request(i, prefix + tuple(int(t) for t in rng.integers(
-      0, 97, 5)), 6, ignore_eos=True) for i in range(4)]
-  spec = ts.SWEEP["int4_g8_sym"][1]
-  plain, cached = (_engine(spec, num_pages=30, max_slots=4,
-                           prefix_caching=pc) for pc in (False, True))
-  want = plain.run(requests)
-  got = cached.run(requests)
-  assert [r.new_ids for r in got] == [r.new_ids for r in want]
-  # All four fit at once; the last three wait for the first one's prefix.
-  assert [r.reused_tokens for r in got] == [0, 24, 24, 24]
-  assert max(s.running for s in plain.steps) == 4
+  assert max(s.running for s in plain.steps) == max_slots
 
 
 def test_prefix_caching_is_refused_with_full_precision_windows():
