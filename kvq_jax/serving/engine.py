@@ -153,6 +153,9 @@ class _Slot:
   tokens: list[int]  # What the cache must hold: prompt + generated.
   cursor: int = 0  # Tokens already in the cache.
   pending: int | None = None  # The last picked token, not yet fed.
+  # With prefix caching: the keys of the full pages of `tokens` at
+  # admission (what a prefilling slot will commit), hashed once.
+  keys: list[bytes] = dataclasses.field(default_factory=list)
 
 
 def _chunk(remaining: int, budget: int, largest: int, smallest: int) -> int:
@@ -305,7 +308,9 @@ class Engine:
         result.reused_tokens = max(result.reused_tokens,
                                    len(reused) * cfg.page_size)
         slots[s] = _Slot(result, r, order, tokens,
-                         cursor=len(reused) * cfg.page_size)
+                         cursor=len(reused) * cfg.page_size,
+                         keys=(page_keys(tokens, cfg.page_size)
+                               if index is not None else []))
         order += 1
         self.cache = self._set_length(s, slots[s].cursor)
       # 2. Growth (and preemption) of the decoding slots.
@@ -373,7 +378,7 @@ class Engine:
     for x in slots:
       if x is None or x.pending is not None or x.cursor >= len(x.tokens):
         continue  # Not prefilling.
-      theirs = page_keys(x.tokens, self.config.page_size)
+      theirs = x.keys
       if len(theirs) > num_reused and theirs[num_reused] == keys[num_reused]:
         return True
     return False
