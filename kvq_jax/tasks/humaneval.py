@@ -184,7 +184,8 @@ def compare(base: Sequence[dict], quant: Sequence[dict]) -> dict:
 def run_humaneval(config: ml_collections.ConfigDict, workdir: str,
                   request: HumanEvalRequest, *,
                   points: str | Sequence[str] | None = None,
-                  model: str | None = None, name: str = "preset") -> dict:
+                  model: str | None = None, name: str = "preset",
+                  resume: bool = False) -> dict:
   """The baseline, then every preset; writes workdir's outputs.
 
   Args:
@@ -195,6 +196,9 @@ def run_humaneval(config: ml_collections.ConfigDict, workdir: str,
     points: `--points` as the sweep resolves them; empty: the preset.
     model: overrides `config.model`.
     name: the preset's display name when `points` is empty.
+    resume: keep the passes an earlier run wrote to workdir's
+      humaneval.json (same model, prompt, limits and batch, else a
+      ValueError) and run only the missing ones.
 
   Returns:
     The humaneval.json content.
@@ -222,7 +226,12 @@ def run_humaneval(config: ml_collections.ConfigDict, workdir: str,
              lm.tokenizer, problems[0], request.prompt_format)[0]),
          "passes": [], "records": {}}
   workdir_path = pathlib.Path(workdir)
+  if resume:
+    _resume(out, workdir_path / humaneval_report.RESULTS_FILE)
   for preset, spec in passes:
+    if preset in out["records"]:
+      logging.info("humaneval: %s kept from the earlier run", preset)
+      continue
     logging.info("humaneval: %s on %d problems", preset, len(problems))
     records, timing = run_pass(runtime, lm.tokenizer, problems, spec,
                                settings.cache_dtype, request)
@@ -252,6 +261,28 @@ def run_humaneval(config: ml_collections.ConfigDict, workdir: str,
   for path in paths:
     print(f"wrote {path}")
   return out
+
+
+# What must match for an earlier run's passes to be kept.
+_RESUME_KEYS = ("model", "prompt_format", "max_new_tokens", "num_problems",
+                "limit", "batch", "cache_dtype", "weights_dtype", "limits",
+                "chat_instruction")
+
+
+def _resume(out: dict, path: pathlib.Path) -> None:
+  """Copies the passes of the run at `path` (if any) into `out`."""
+  if not path.exists():
+    return
+  earlier = json.loads(path.read_text(encoding="utf-8"))
+  for key in _RESUME_KEYS:
+    if json.dumps(earlier.get(key)) != json.dumps(out[key], default=str):
+      raise ValueError(
+          f"humaneval --resume: {path} was run with {key}="
+          f"{earlier.get(key)!r}, this run has {out[key]!r}; use another "
+          "--workdir or the same settings.")
+  out["passes"] = earlier["passes"]
+  out["records"] = earlier["records"]
+  out["resumed_from"] = [row["name"] for row in earlier["passes"]]
 
 
 def _counts(values) -> dict:

@@ -4,6 +4,7 @@ and the files experiments.report reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -64,3 +65,14 @@ def test_three_problems_end_to_end(tmp_path, capsys):
   md = (tmp_path / "humaneval.md").read_text()
   assert "| baseline |" in md and "| int8 |" in md and "HumanEval/2" in md
   assert "humaneval int8: pass@1" in capsys.readouterr().out
+  # --resume keeps both passes (nothing is generated again) ...
+  again = run_humaneval(load_preset("int8"), str(tmp_path), request,
+                        model="smollm2-135m", name="int8", resume=True)
+  assert again["resumed_from"] == ["baseline", "int8"]
+  assert again["records"] == out["records"]
+  assert "humaneval int8: pass@1" not in capsys.readouterr().out
+  # ... and refuses a run made with other settings.
+  with pytest.raises(ValueError, match="max_new_tokens=24"):
+    run_humaneval(load_preset("int8"), str(tmp_path),
+                  dataclasses.replace(request, max_new_tokens=25),
+                  model="smollm2-135m", name="int8", resume=True)
