@@ -1,8 +1,9 @@
 """Suite-wide hygiene: one test module's models and programs do not outlive it.
 
-The whole suite runs in one process (`pytest -q tests`). Real-checkpoint
-modules hold models of up to 6 GB (Qwen2.5-Coder-1.5B in float32) in
-module-scoped fixtures, and every module compiles its own XLA programs; on a
+The README's command runs the suite in two pytest-xdist worker processes,
+each test file whole on one worker (`-n 2 --dist loadfile`); each worker
+runs many modules in turn. Real-checkpoint modules hold models of up to
+6 GB (Qwen2.5-Coder-1.5B in float32) in module-scoped fixtures, and every module compiles its own XLA programs; on a
 24 GiB, 2-core machine the accumulation once ended in an XLA compile
 segfault late in the run. After each module, drop JAX's compilation caches
 and collect garbage so the next module starts from what it allocates.

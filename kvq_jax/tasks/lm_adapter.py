@@ -2,7 +2,7 @@
 
 `CacheLM(model, spec, cache_dtype)` answers lm-eval's request lists with
 plain tuples (`lm_eval_model.KvqJaxLM` unwraps lm-eval's `Instance.args`
-into them), so it is tested without lm-eval (which needs torch):
+into them), so it is tested without lm-eval (an optional extra CI does not install):
 
 * `loglikelihood([(context, continuation)])` -> [(logprob, is_greedy)]:
   context and continuation are tokenized apart (BOS before the context

@@ -1,7 +1,8 @@
 """`lm_eval --model kvq_jax`: registers `KvqJaxLM` with lm-evaluation-harness.
 
-Importing this module needs lm-eval (the optional extra `kvq_jax[lm_eval]`,
-which pulls torch and transformers); nothing else in kvq_jax imports it.
+Importing this module needs lm-eval (the optional extra `kvq_jax[lmeval]`;
+lm-eval 0.4.13 needs no torch, but datasets, pyarrow, pandas, scikit-learn);
+nothing else in kvq_jax imports it.
 `python -m experiments.lm_eval ...` imports it and hands the command line
 to lm-eval's own CLI:
 

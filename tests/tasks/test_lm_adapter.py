@@ -1,8 +1,9 @@
 """The lm-eval adapter's three calls on a tiny model: its log-likelihoods
 equal the project's own NLL of the same tokens, its rolling windows cover
 every token once, and generate_until is the engine's greedy decode cut at a
-stop string. lm-eval itself (torch) is an optional extra; `KvqJaxLM` only
-unwraps `Instance.args` into these calls."""
+stop string. lm-eval itself is an optional extra (tests/tasks/test_lm_eval_harness.py
+runs it where installed); `KvqJaxLM` only unwraps `Instance.args` into
+these calls."""
 
 from __future__ import annotations
 
