@@ -26,8 +26,11 @@ Fields (override any with --config.FIELD=VALUE):
                    cache.rotation_seed (-1: plain Hadamard; N >= 0: random
                    signs per layer from seed N, the randomised Hadamard),
                    cache.key_stats ('' = none; a directory written by
-                   experiments.calibrate_keys: calibrated per-channel shift
-                   and scale of the pre-RoPE keys, needs key_rope='pre'),
+                   experiments.calibrate_keys, or a recipe 'auto[:name=
+                   value,...]' built on first use for the model being run
+                   (kvq_jax/calibration/auto_key_stats.py): calibrated
+                   per-channel shift and scale of the pre-RoPE keys, needs
+                   key_rope='pre'),
                    cache.block_size, cache.layer_overrides ('0,29:fp/fp;...'),
                    cache.window_dtype (bfloat16 | float16 | float32: storage
                    of the full-precision residual/flush window and sinks)
@@ -93,7 +96,7 @@ def lloyd_max_kv(bits: int) -> ml_collections.ConfigDict:
 
 
 def rotated_codebook_config(k_bits: int, v_bits: int,
-                            key_stats: str = "runs/key_stats/smollm2-135m"
+                            key_stats: str = "auto"
                             ) -> ml_collections.ConfigDict:
   """The tq presets: K and V `int{k_bits}_lm` / `int{v_bits}_lm` after a
   randomised Hadamard (seed 0), keys stored before RoPE and shifted/scaled
@@ -132,7 +135,7 @@ def static_keys_mix(bits: int, layer_overrides: str) -> ml_collections.ConfigDic
   """The kqmix presets: `static_keys_config(bits, bits)` with one outlier
   per key vector on kq3's key ranges (p = 0.99), per-layer K/V formats from
   `experiments.allocate` in `layer_overrides`."""
-  c = static_keys_config(bits, bits, "runs/key_stats/smollm2-135m-range0.99",
+  c = static_keys_config(bits, bits, "auto:mode=range,range_quantile=0.99",
                          k_outliers=1)
   c.cache.layer_overrides = layer_overrides
   return c

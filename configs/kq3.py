@@ -13,7 +13,10 @@ static-keys table): dPPL +2.159 [+1.873,
 0.0036; effective 3.401 bits at 512 tokens, 3.323 at 4096. tq3 in the same
 run: +2.804 at 3.315 bits, KL 0.1053.
 
-Needs the model's key ranges first (15 s):
+Key ranges: built on first use for the model being run and cached
+(`cache.key_stats = 'auto:mode=range...'`: the last 4 windows of the
+text, disjoint from the evaluation; `kvq_jax/calibration/auto_key_stats.py`),
+the same as this command writes explicitly (15 s):
   python -m experiments.calibrate_keys --config=kq3 --mode=range \\
       --range_quantile=0.99 --workdir=runs/key_stats/smollm2-135m-range0.99 \\
       --config.eval.num_windows=40 \\
@@ -29,5 +32,5 @@ from configs import base
 
 
 def get_config():
-  return base.static_keys_config(3, 3, "runs/key_stats/smollm2-135m-range0.99",
+  return base.static_keys_config(3, 3, "auto:mode=range,range_quantile=0.99",
                                  k_outliers=1)

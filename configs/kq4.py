@@ -12,7 +12,10 @@ static-keys table): dPPL +0.680 [+0.537,
 0.0035; effective 4.213 bits at 512 tokens, 4.136 at 4096 (the sink token,
 key ranges and codebook charged). tq4 in the same run: +0.546 at 4.317.
 
-Needs the model's key ranges first (15 s):
+Key ranges: built on first use for the model being run and cached
+(`cache.key_stats = 'auto:mode=range...'`: the last 4 windows of the
+text, disjoint from the evaluation; `kvq_jax/calibration/auto_key_stats.py`),
+the same as this command writes explicitly (15 s):
   python -m experiments.calibrate_keys --config=kq4 --mode=range \\
       --workdir=runs/key_stats/smollm2-135m-range \\
       --config.eval.num_windows=40 \\
@@ -28,4 +31,4 @@ from configs import base
 
 
 def get_config():
-  return base.static_keys_config(4, 4, "runs/key_stats/smollm2-135m-range")
+  return base.static_keys_config(4, 4, "auto:mode=range")

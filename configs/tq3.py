@@ -10,12 +10,15 @@ against baseline PPL 23.5115, KL 0.1053 ± 0.0029, top-1 0.8184 ± 0.0049;
 effective 3.315 bits at 512 tokens, 3.258 at 4096 (codebooks and key
 statistics charged).
 
-Needs the model's key statistics first (10 s):
+Key statistics: built on first use for the model being run and cached
+(`cache.key_stats = 'auto'`: the last 4 windows of the text, disjoint
+from the evaluation; `kvq_jax/calibration/auto_key_stats.py`), the same
+as this command writes explicitly (10 s):
   python -m experiments.calibrate_keys --config=tq3 \
       --workdir=runs/key_stats/smollm2-135m --config.eval.num_windows=40 \
       --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
-Another model: calibrate into another directory, then --model=NAME
---config.cache.key_stats=DIR.
+An explicit --config.cache.key_stats=DIR wins (refused if made for
+another model).
 
 Run: python -m experiments.run --config=tq3 \
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw

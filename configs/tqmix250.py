@@ -11,7 +11,8 @@ Lloyd-Max codebooks and calibrated keys"): dPPL +9.457
 [+8.635, +10.300] against baseline PPL 23.5115, KL 0.3160 ± 0.0078,
 top-1 0.6926 ± 0.0057; effective 2.481 bits at 512 tokens, 2.425 at 4096.
 
-Needs runs/key_stats/smollm2-135m (the command in configs/tq4.py).
+Key statistics: tq4's recipe, built on first use and cached
+(configs/tq4.py).
 Regenerate: experiments.layer_sensitivity + experiments.allocate
 --budget=2.42 (WORKSPACE.md). Run: python -m experiments.run --config=tqmix250 \
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw

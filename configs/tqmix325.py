@@ -11,7 +11,8 @@ Lloyd-Max codebooks and calibrated keys"): dPPL +2.439
 [+2.135, +2.746] against baseline PPL 23.5115, KL 0.0945 ± 0.0018,
 top-1 0.8175 ± 0.0043; effective 3.232 bits at 512 tokens, 3.175 at 4096.
 
-Needs runs/key_stats/smollm2-135m (the command in configs/tq4.py).
+Key statistics: tq4's recipe, built on first use and cached
+(configs/tq4.py).
 Regenerate: experiments.layer_sensitivity + experiments.allocate
 --budget=3.17 (WORKSPACE.md). Run: python -m experiments.run --config=tqmix325 \
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw

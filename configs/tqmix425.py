@@ -11,7 +11,8 @@ Lloyd-Max codebooks and calibrated keys"): dPPL +0.535
 [+0.390, +0.681] against baseline PPL 23.5115, KL 0.0241 ± 0.0007,
 top-1 0.9106 ± 0.0035; effective 4.235 bits at 512 tokens, 4.175 at 4096.
 
-Needs runs/key_stats/smollm2-135m (the command in configs/tq4.py).
+Key statistics: tq4's recipe, built on first use and cached
+(configs/tq4.py).
 Regenerate: experiments.layer_sensitivity + experiments.allocate
 --budget=4.17 (WORKSPACE.md). Run: python -m experiments.run --config=tqmix425 \
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw

@@ -22,6 +22,7 @@ kvq_jax/generation/compare.py.
 from absl import app
 from absl import flags
 
+from kvq_jax.calibration import auto_key_stats
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.cli.data_flags import DEFINE_model_flag
@@ -50,10 +51,12 @@ def main(argv):
     prompts = runner.read_prompts(_PROMPT.value, _PROMPTS_FILE.value)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
-  runner.run(_CONFIG.value, prompts, config_name=preset_name(),
-             compare=_COMPARE.value,
-             max_new_tokens=_MAX_NEW_TOKENS.value, chat=_CHAT.value,
-             model=_MODEL.value)
+  # Key-stats recipes (the preset's, the compared kinds') resolve for the
+  # run's model on the default text (calibration.auto_key_stats).
+  auto_key_stats.resolves_for_run(runner.run)(
+      _CONFIG.value, prompts, config_name=preset_name(),
+      compare=_COMPARE.value, max_new_tokens=_MAX_NEW_TOKENS.value,
+      chat=_CHAT.value, model=_MODEL.value)
 
 
 if __name__ == "__main__":

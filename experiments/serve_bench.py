@@ -21,6 +21,7 @@ from absl import app
 from absl import flags
 
 from kvq_jax import assets
+from kvq_jax.calibration import auto_key_stats
 from kvq_jax.cli import log_setup
 from kvq_jax.serving import bench_runner
 
@@ -59,7 +60,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:
-    bench_runner.main(
+    # Key-stats recipes of the kinds resolve for --model on --eval_data
+    # (calibration.auto_key_stats).
+    auto_key_stats.resolves_for_run(bench_runner.main)(
         model=_MODEL.value, kinds=_KINDS.value, kv_budget_mib=_BUDGET_MIB.value,
         device_memory_gib=_DEVICE_GIB.value,
         budget_requests=_BUDGET_REQUESTS.value, num_requests=_NUM.value,

@@ -18,6 +18,7 @@ Outputs: WORKDIR/sweep.csv, WORKDIR/pareto.png, WORKDIR/config.json.
 from absl import app
 from absl import flags
 
+from kvq_jax.calibration import auto_key_stats
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.config_flag import DEFINE_preset_config
 from kvq_jax.cli.data_flags import DEFINE_data_flags, int_list
@@ -48,8 +49,11 @@ def main(argv):
       schemes=tuple(_SCHEMES.value),
       residuals=int_list(_RESIDUALS),
       points=tuple(_POINTS.value))
-  run_sweep(_CONFIG.value, _WORKDIR.value, request,
-            eval_data=_EVAL_DATA.value, model=_MODEL.value)
+  # Key-stats recipes of the preset and the points resolve for the run's
+  # model and text (calibration.auto_key_stats).
+  auto_key_stats.resolves_for_run(run_sweep)(
+      _CONFIG.value, _WORKDIR.value, request, eval_data=_EVAL_DATA.value,
+      model=_MODEL.value)
 
 
 if __name__ == "__main__":

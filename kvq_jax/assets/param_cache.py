@@ -38,17 +38,12 @@ Concurrency and damage:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
 import hashlib
 import json
 import os
 import pathlib
-import shutil
-import tempfile
 from typing import Any
-import zlib
 
 from absl import logging
 import jax
@@ -59,16 +54,14 @@ from kvq_jax import loaders
 from kvq_jax.assets import cache_dir
 from kvq_jax.assets import cache_errors
 from kvq_jax.assets import entry_lock
+from kvq_jax.assets import entry_marker
 from kvq_jax.assets import registry
 from kvq_jax.loaders import param_layout
 from kvq_jax.loaders.tokenizer import TextTokenizer
 from kvq_jax.models.config import ModelConfig
 
 FORMAT_VERSION = 1
-# Written last: {relative path: [size, crc32, mtime_ns]} (older markers:
-# [size, crc32]; `_check_marker` adds the mtimes once they verify).
-MARKER = "complete.json"
-MARKER_VERSION = 1
+MARKER = entry_marker.MARKER
 _SOURCE_GLOBS = ("config.json", "tokenizer.json", "tokenizer_config.json",
                  "*.safetensors", "model.safetensors.index.json")
 
@@ -86,79 +79,6 @@ def source_key(source: pathlib.Path) -> str:
 def entry_dir(source: pathlib.Path) -> pathlib.Path:
   return (cache_dir.cache_root() / "params" /
           f"{source.resolve().stem}-{source_key(source)}")
-
-
-class _Unusable(Exception):
-  """The entry is there but incomplete or damaged; the message says how."""
-
-
-def _file_table(entry: pathlib.Path, known: dict | None = None
-                ) -> dict[str, list[int]]:
-  """{relative path: [size, crc32, mtime_ns]} of every file of the entry but
-  the marker (crc32: it detects accidental damage at a fraction of sha256's
-  cost). A file whose size and mtime equal its row in `known` (a marker's
-  table) keeps that row's crc32 without being read again: any write moves
-  the mtime, and re-reading a 6 GB entry on every load doubled its I/O (the
-  registry trusts a verified wheel by its stat the same way)."""
-  table = {}
-  for path in sorted(p for p in entry.rglob("*") if p.is_file()):
-    relative = path.relative_to(entry).as_posix()
-    if relative == MARKER:
-      continue
-    stat = path.stat()
-    row = (known or {}).get(relative)
-    if (row is not None and len(row) == 3
-        and [row[0], row[2]] == [stat.st_size, stat.st_mtime_ns]):
-      table[relative] = list(row)
-      continue
-    crc = 0
-    with open(path, "rb") as f:
-      for chunk in iter(lambda: f.read(1 << 22), b""):
-        crc = zlib.crc32(chunk, crc)
-    table[relative] = [stat.st_size, crc, stat.st_mtime_ns]
-  return table
-
-
-def _write_marker(entry: pathlib.Path, table: dict | None = None) -> None:
-  """Writes the completion marker (`table`, else the entry's files read
-  now) atomically: a reader never sees half of it."""
-  partial = entry / (MARKER + f".partial-{os.getpid()}")
-  try:
-    partial.write_text(json.dumps(
-        {"marker_version": MARKER_VERSION,
-         "files": _file_table(entry) if table is None else table}, indent=1))
-    os.replace(partial, entry / MARKER)
-  except BaseException:
-    partial.unlink(missing_ok=True)
-    raise
-
-
-def _check_marker(entry: pathlib.Path) -> None:
-  """Raises _Unusable unless the entry's files are those its marker lists."""
-  try:
-    marker = json.loads((entry / MARKER).read_text())
-    expected = marker["files"]
-    if marker["marker_version"] != MARKER_VERSION:
-      raise _Unusable(f"{MARKER} has marker_version "
-                      f"{marker['marker_version']}, expected {MARKER_VERSION}")
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise _Unusable(f"unreadable {MARKER}: {e!r}") from e
-  actual = _file_table(entry, expected)
-  for name in sorted(expected.keys() | actual.keys()):
-    if name not in actual:
-      raise _Unusable(f"{name} is missing")
-    if name not in expected:
-      raise _Unusable(f"{name} is not in {MARKER}")
-    (size, crc), (want_size, want_crc) = actual[name][:2], expected[name][:2]
-    if size != want_size:
-      raise _Unusable(f"{name} has {size} bytes, {MARKER} says {want_size}")
-    if crc != want_crc:
-      raise _Unusable(f"{name}'s checksum differs from {MARKER}'s")
-  if actual != expected:  # Rows of an older marker, or files touched but
-    # intact: record their stats (best effort: a read-only cache keeps
-    # checksumming on every load).
-    with contextlib.suppress(OSError):
-      _write_marker(entry, actual)
 
 
 def _checkpointer() -> ocp.StandardCheckpointer:
@@ -189,25 +109,26 @@ def _load_entry(entry: pathlib.Path, adopt_legacy: bool
                            TextTokenizer | None] | None:
   """The entry's contents; None if there is no entry.
 
-  Raises _Unusable if it is incomplete or damaged. An entry written before
-  the marker existed (config.json, no marker) is restored and, if that works
-  and `adopt_legacy` (the caller holds the lock), given its marker.
+  Raises entry_marker.Unusable if it is incomplete or damaged. An entry
+  written before the marker existed (config.json, no marker) is restored
+  and, if that works and `adopt_legacy` (the caller holds the lock), given
+  its marker.
   """
   if not entry.is_dir():
     return None
   legacy = not (entry / MARKER).is_file()
   if legacy and not (adopt_legacy and (entry / "config.json").is_file()):
-    raise _Unusable(f"no completion marker {MARKER}")
+    raise entry_marker.Unusable(f"no completion marker {MARKER}")
   if not legacy:
-    _check_marker(entry)
+    entry_marker.check_marker(entry)
   try:
     result = _restore(entry)
   except Exception as e:  # pylint: disable=broad-except
-    raise _Unusable(f"restoring it failed: {e!r}") from e
+    raise entry_marker.Unusable(f"restoring it failed: {e!r}") from e
   if legacy:
     logging.info("Adding the completion marker to %s", entry)
     with cache_errors.explained(entry, "the completion marker " + MARKER):
-      _write_marker(entry)
+      entry_marker.write_marker(entry)
   return result
 
 
@@ -231,52 +152,18 @@ def _to_numpy(tree: Any) -> Any:
   return np.asarray(tree, dtype=np.float32)
 
 
-def _discard(entry: pathlib.Path) -> None:
-  """Removes an entry: renamed aside first, so it vanishes at once."""
-  trash = entry.with_name(f".{entry.name}.trash-{os.getpid()}")
-  try:
-    os.rename(entry, trash)
-  except FileNotFoundError:
-    return
-  shutil.rmtree(trash, ignore_errors=True)
-
-
-def _sweep_leftovers(entry: pathlib.Path) -> None:
-  """Deletes what killed writers of this entry left (caller holds the lock)."""
-  for pattern in (f".{entry.name}.tmp-*", f".{entry.name}.trash-*"):
-    for path in entry.parent.glob(pattern):
-      logging.warning("Deleting %s, left by an interrupted run.", path)
-      shutil.rmtree(path, ignore_errors=True)
-
-
 def _save(entry: pathlib.Path, config: ModelConfig, params: dict[str, Any],
           tokenizer: TextTokenizer | None, what: str) -> None:
-  """Writes the entry into a temporary folder, marker last, then renames it
-  into place (the caller holds the lock)."""
-  with cache_errors.explained(entry.parent, what):
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=entry.parent,
-                                        prefix=f".{entry.name}.tmp-"))
-    try:
-      checkpointer = _checkpointer()
-      checkpointer.save(tmp / "params", params)
-      checkpointer.wait_until_finished()
-      if tokenizer is not None:
-        tokenizer.save(tmp / "tokenizer")
-      meta = dataclasses.asdict(config) | {"format_version": FORMAT_VERSION}
-      (tmp / "config.json").write_text(json.dumps(meta, indent=1))
-      _write_marker(tmp)
-      os.chmod(tmp, 0o755)  # mkdtemp makes it 0o700.
-      try:
-        os.rename(tmp, entry)
-      except OSError as e:
-        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-          raise
-        # Only a writer that took no lock (no flock on this file system)
-        # gets here: the entry it finished first is as good as this one.
-        shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-      shutil.rmtree(tmp, ignore_errors=True)
-      raise
+  """Writes the entry aside, marker last, then renames it into place (the
+  caller holds the lock; `entry_marker.build_aside`)."""
+  with entry_marker.build_aside(entry, what) as tmp:
+    checkpointer = _checkpointer()
+    checkpointer.save(tmp / "params", params)
+    checkpointer.wait_until_finished()
+    if tokenizer is not None:
+      tokenizer.save(tmp / "tokenizer")
+    meta = dataclasses.asdict(config) | {"format_version": FORMAT_VERSION}
+    (tmp / "config.json").write_text(json.dumps(meta, indent=1))
 
 
 def load_params_cached(
@@ -287,17 +174,17 @@ def load_params_cached(
   entry = entry_dir(source)
   try:
     result = _load_entry(entry, adopt_legacy=False)
-  except _Unusable:
+  except entry_marker.Unusable:
     result = None  # Looked at again under the lock: it may be being rebuilt.
   if result is None:
     with entry_lock.hold(entry, f"converting {source}"):
-      _sweep_leftovers(entry)
+      entry_marker.sweep_leftovers(entry)
       try:
         result = _load_entry(entry, adopt_legacy=True)
-      except _Unusable as e:
+      except entry_marker.Unusable as e:
         logging.warning("Param cache entry %s is unusable (%s); converting "
                         "%s again.", entry, e, source)
-        _discard(entry)
+        entry_marker.discard(entry)
       if result is None:
         result = loaders.load_checkpoint(source)
         if jax.process_index() != 0:  # Module docstring: process 0 writes.

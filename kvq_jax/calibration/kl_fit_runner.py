@@ -22,6 +22,7 @@ import time
 import ml_collections
 import numpy as np
 
+from kvq_jax.calibration import auto_key_stats
 from kvq_jax.calibration.key_runner import calibration_inputs
 from kvq_jax.calibration.kl_fit import (KLFit, KLFitOptions, base_log_probs,
                                         fit_params, fitted_affines)
@@ -30,6 +31,7 @@ from kvq_jax.facade import window_forward
 from kvq_jax.persist.key_stats_store import save_key_stats
 
 
+@auto_key_stats.resolves_for_run
 def fit_keys(config: ml_collections.ConfigDict, workdir: str,
              eval_data: str | None = None, model: str | None = None,
              num_calib_windows: int = 4,

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
+from kvq_jax.calibration import auto_key_stats
 from kvq_jax.calibration.optimize import CalibrationOptions, learn_clip_ratios
 from kvq_jax.calibration.preset import clip_layer_overrides, write_preset
 from kvq_jax.calibration.recording import record_qkv
@@ -56,6 +57,7 @@ def _base_name(spec) -> str:
   return short_name(spec)
 
 
+@auto_key_stats.resolves_for_run
 def calibrate(config: ml_collections.ConfigDict, workdir: str,
               eval_data: str | None = None, model: str | None = None,
               num_calib_windows: int = 2,

@@ -54,6 +54,7 @@ from absl import logging
 from kvq_jax.bench.process_memory import peak_rss_gib
 from kvq_jax.bench.timing import machine_description
 from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.calibration import auto_key_stats
 from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.paired import window_mean
@@ -267,6 +268,7 @@ def summary_markdown(rows: Sequence[dict], header: dict, info: dict,
   return "\n".join(lines) + "\n"
 
 
+@auto_key_stats.resolves_for_run
 def run_agreement(config: ml_collections.ConfigDict,
                   workdir: str | os.PathLike, request: AgreementRequest, *,
                   points: str | Sequence[str] | None = None,

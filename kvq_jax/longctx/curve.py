@@ -36,6 +36,7 @@ from absl import logging
 from kvq_jax.bench.process_memory import (peak_rss_gib, release_freed_memory,
                                           reset_peak_rss)
 from kvq_jax.bench.timing import machine_description
+from kvq_jax.calibration import auto_key_stats
 from kvq_jax.capacity import memory
 from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.eval.corpus import load_eval_text
@@ -194,6 +195,7 @@ class _TokenProgress:
                                     self.total)
 
 
+@auto_key_stats.resolves_for_run
 def run_context_curve(config: ml_collections.ConfigDict,
                       workdir: str | os.PathLike, request: CurveRequest,
                       eval_data: str | None = None, model: str | None = None,

@@ -58,6 +58,7 @@ from absl import logging
 
 from kvq_jax.bench.process_memory import peak_rss_gib
 from kvq_jax.bench.timing import machine_description
+from kvq_jax.calibration import auto_key_stats
 from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.windows import text_ids
@@ -442,6 +443,7 @@ def _answer_all(runtime: Runtime, tokenizer, spec, cache_dtype: str,
                   prefill.chunks_run)
 
 
+@auto_key_stats.resolves_for_run
 def run_passkey(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
                 request: PasskeyRequest, *,
                 points: str | Sequence[str] | None = None,

@@ -102,6 +102,22 @@ def _load(root: str, mtime_ns: int) -> tuple[KeyAffine, ...]:
       for i in range(shape[0]))
 
 
+def check_model(path: str | os.PathLike, model: str) -> None:
+  """Refuses key stats whose sidecar names another model than `model`
+  (identity stand-ins name none and pass)."""
+  try:
+    sidecar = json.loads((pathlib.Path(path) / SIDECAR).read_text())
+    recorded = sidecar["metadata"].get("model")
+  except (OSError, ValueError, KeyError, AttributeError):
+    return  # load_key_stats says what is missing.
+  if recorded is not None and recorded != model:
+    raise ValueError(
+        f"key stats {str(path)!r} were calibrated for model {recorded!r}; "
+        f"this run's model is {model!r}. Allowed: statistics of the model "
+        "being run: cache.key_stats='auto[:...]' builds them on first use, "
+        "or `python -m experiments.calibrate_keys --model=...` writes them.")
+
+
 def load_key_stats(path: str | os.PathLike) -> tuple[KeyAffine, ...]:
   """The per-layer affines `save_key_stats` wrote (ValueError if missing)."""
   root = pathlib.Path(path).absolute()

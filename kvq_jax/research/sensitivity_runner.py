@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from kvq_jax.calibration import auto_key_stats
 from kvq_jax.calibration.windows import split_windows
 from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.eval.corpus import load_eval_text
@@ -69,6 +70,7 @@ def probe_windows(ids, window_len: int, num_windows: int,
   return make_windows(ids, window_len, num_windows, bos_id)
 
 
+@auto_key_stats.resolves_for_run
 def run_layer_sensitivity(config: ml_collections.ConfigDict, workdir: str,
                           eval_data: str | None = None,
                           model: str | None = None, name: str = "run",

@@ -15,6 +15,7 @@ from kvq_jax.bench.decode_speed import decode_tokens_per_s, equal_slots
 from kvq_jax.bench.speed_note import speed_note
 from kvq_jax.bench.process_memory import peak_rss_gib
 from kvq_jax.bench.timing import machine_description
+from kvq_jax.calibration import auto_key_stats
 from kvq_jax.capacity import memory
 from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.eval.corpus import load_eval_text
@@ -53,6 +54,7 @@ def _decode_metrics(lm, settings, speedup_estimate: float | None,
   return metrics
 
 
+@auto_key_stats.resolves_for_run
 def run(config: ml_collections.ConfigDict, workdir: str,
         eval_data: str | None = None, model: str | None = None,
         name: str = "run", mesh: str | None = None) -> dict:
@@ -123,6 +125,9 @@ def run(config: ml_collections.ConfigDict, workdir: str,
              "eval_data": data_description, "scoring": settings.eval.scoring}
   if device_mesh is not None:
     metrics["mesh"] = "x".join(str(n) for n in device_mesh.devices.shape)
+  if settings.key_stats_source is not None:  # Where the key affines came
+    # from; for a recipe, its calibration tokens (disjoint from these).
+    metrics["key_stats"] = settings.key_stats_source
   metrics.update(result.metrics())
   # Wall time of the whole evaluation (baseline and quantized passes,
   # compilation included) per window, and the process's peak RSS so far

@@ -9,8 +9,9 @@ import ml_collections
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.eval.windows import SCORINGS, check_scoring
 from kvq_jax.facade import parse_dtype
-from kvq_jax.persist.key_stats_store import load_key_stats
+from kvq_jax.persist.key_stats_store import check_model, load_key_stats
 from kvq_jax.quant import QuantSpec
+from kvq_jax.settings import key_stats_context
 from kvq_jax.settings.short_specs import parse_layer_overrides
 
 KV_TYPES = ("none", "int", "fp8_e4m3", "fp8_e5m2")
@@ -51,6 +52,9 @@ class ExperimentSettings:
   attention_impl: str
   memory: MemorySettings
   decode_bench: DecodeBenchSettings
+  # Where cache_spec's key affines came from (None: no key stats): the
+  # directory, and for 'auto' recipes the calibration's metadata.
+  key_stats_source: dict | None = None
 
 
 def _positive(value, field: str, minimum: int = 1) -> int:
@@ -86,10 +90,32 @@ def quant_spec_from_config(kv: ml_collections.ConfigDict,
     raise ValueError(f"config.{field}: {e}") from e
 
 
-def _key_affines(path: str) -> tuple:
-  """config.cache.key_stats: '' -> (), a directory -> its per-layer
-  `KeyAffine`s (`kvq_jax.persist.key_stats_store`)."""
-  return load_key_stats(path) if path else ()
+def _key_affines(value: str, config: ml_collections.ConfigDict,
+                 eval_settings: EvalSettings) -> tuple[tuple, dict | None]:
+  """config.cache.key_stats -> (per-layer `KeyAffine`s, where they came
+  from): '' -> ((), None); a directory -> its affines
+  (`kvq_jax.persist.key_stats_store`; refused if made for another model
+  than the open run's); a recipe 'auto[:...]' -> built on first use for
+  the open run's model and text (`settings.key_stats_context`; refused
+  outside a run)."""
+  if not value:
+    return (), None
+  run = key_stats_context.current()
+  if not key_stats_context.is_recipe(value):
+    if run is not None:
+      check_model(value, run.model)
+    return load_key_stats(value), {"path": value}
+  if run is None:
+    raise ValueError(
+        f"cache.key_stats={value!r} is a recipe built for the model being "
+        "run, and no run names one here; allowed here: a directory written "
+        "by `python -m experiments.calibrate_keys` (an experiment's library "
+        "call opens the run: calibration.auto_key_stats.run_context).")
+  path, source = run.resolve(value, run.model, run.eval_data,
+                             eval_settings.window_len,
+                             eval_settings.num_windows, config.dtype)
+  run.resolved.setdefault(value, source)
+  return load_key_stats(path), source
 
 
 def _rotation_seed(value: int) -> int | None:
@@ -103,6 +129,8 @@ def _rotation_seed(value: int) -> int | None:
 
 def settings_from_config(config: ml_collections.ConfigDict
                          ) -> ExperimentSettings:
+  """Validated settings of `config`; a key-stats recipe resolves for the
+  open run (`_key_affines`)."""
   ev = config.eval
   if ev.num_windows < 0:
     raise ValueError(
@@ -128,15 +156,18 @@ def settings_from_config(config: ml_collections.ConfigDict
   v = quant_spec_from_config(cache.v, "cache.v")
   overrides = parse_layer_overrides(cache.layer_overrides)
   spec = None
+  key_stats_source = None
   if k is not None or v is not None or overrides:
     try:
+      affines, key_stats_source = _key_affines(
+          cache.get("key_stats", ""), config, eval_settings)
       spec = CacheSpec(
           k=k, v=v, layer_overrides=overrides, residual=cache.residual,
           flush_block=cache.flush_block or None, sink=cache.sink,
           key_rope=cache.key_rope, hadamard_k=cache.hadamard_k,
           hadamard_v=cache.hadamard_v,
           rotation_seed=_rotation_seed(cache.get("rotation_seed", -1)),
-          key_affines=_key_affines(cache.get("key_stats", "")),
+          key_affines=affines,
           block_size=cache.block_size,
           attention_impl=config.attention.impl,
           window_dtype=cache.window_dtype)
@@ -167,4 +198,5 @@ def settings_from_config(config: ml_collections.ConfigDict
       decode_bench=DecodeBenchSettings(
           batch_size=_positive(db.batch_size, "decode_bench.batch_size"),
           context=_positive(db.context, "decode_bench.context"),
-          steps=_positive(db.steps, "decode_bench.steps")))
+          steps=_positive(db.steps, "decode_bench.steps")),
+      key_stats_source=key_stats_source)

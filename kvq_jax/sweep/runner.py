@@ -29,6 +29,7 @@ from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.evaluate import evaluate_many
 from kvq_jax.eval.windows import make_windows, scored_mask, text_ids
 from kvq_jax.facade import load_model, window_forward
+from kvq_jax.settings import key_stats_context
 from kvq_jax.settings.experiment_settings import settings_from_config
 from kvq_jax.sweep.grid import Skipped, SweepPoint, expand_grid
 from kvq_jax.sweep.pareto import pareto_front
@@ -146,6 +147,8 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
           "eval_seconds_per_window": eval_seconds / windows.shape[0],
           "passes_per_window": 1 + len(points),
           "peak_rss_gib": peak_rss_gib(), "machine": machine_description()}
+  if key_stats_context.resolved_in_run():  # Recipes' calibration tokens.
+    info["key_stats"] = key_stats_context.resolved_in_run()
   (out / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
   logging.info("sweep: %.1f s per window (%d passes), peak RSS %.2f GiB",
                info["eval_seconds_per_window"], info["passes_per_window"],

@@ -41,6 +41,7 @@ from kvq_jax.bench.process_memory import peak_rss_gib
 from kvq_jax.bench.timing import machine_description
 from kvq_jax.cache.paged import DEFAULT_PAGE_SIZE
 from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.calibration import auto_key_stats
 from kvq_jax.capacity.memory import effective_bits
 from kvq_jax.eval.paired_binary import paired_pass_fail
 from kvq_jax.facade import load_model
@@ -181,6 +182,7 @@ def compare(base: Sequence[dict], quant: Sequence[dict]) -> dict:
                            if q["passed"] and not b["passed"]]}
 
 
+@auto_key_stats.resolves_for_run
 def run_humaneval(config: ml_collections.ConfigDict, workdir: str,
                   request: HumanEvalRequest, *,
                   points: str | Sequence[str] | None = None,

@@ -24,6 +24,7 @@ from __future__ import annotations
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from kvq_jax.calibration import auto_key_stats
 from kvq_jax.facade import load_model
 from kvq_jax.settings.experiment_settings import settings_from_config
 from kvq_jax.settings.presets import load_preset
@@ -41,6 +42,7 @@ def _flag(value) -> bool:
   raise ValueError(f"model_args baseline={value!r}: allowed: true, false.")
 
 
+@auto_key_stats.resolves_for_run
 def build(model: str | None = None, config: str = "int4_g32",
           baseline=False, batch: int = 8, max_length: int = 2048,
           max_gen_toks: int = 256) -> CacheLM:

@@ -271,7 +271,7 @@ def test_key_stats_of_another_model_are_stood_in():
   config = ARCHITECTURES["llama-3.1-8b"].config
   kind = resolve_kind("tq4", config, _catalog_with_key_stats(30, 3, 64))
   assert [a.shape for a in kind.spec.key_affines] == [(8, 128)] * 32
-  assert kind.note == ("key stats runs/key_stats/smollm2-135m calibrated "
+  assert kind.note == ("key stats auto calibrated "
                        "for 30 layers of shape (3, 64): stand-in of this "
                        "model's shape (std mode), memory only")
 
@@ -279,4 +279,4 @@ def test_key_stats_of_another_model_are_stood_in():
 def test_key_stats_of_this_model_are_used():
   config = ARCHITECTURES["llama-3.1-8b"].config
   kind = resolve_kind("tq4", config, _catalog_with_key_stats(32, 8, 128))
-  assert kind.note == "key stats from runs/key_stats/smollm2-135m"
+  assert kind.note == "key stats from auto"

@@ -11,6 +11,7 @@ import pytest
 
 from kvq_jax import assets
 from kvq_jax import loaders
+from kvq_jax.assets import entry_marker
 from kvq_jax.assets import param_cache
 from kvq_jax.loaders import param_layout
 from tests.loaders import tiny_checkpoints as tc
@@ -182,8 +183,8 @@ def test_unchanged_files_are_not_read_again_for_checksums(tmp_path,
   assert rows and all(len(row) == 3 for row in rows.values())
 
   crcs = []
-  real_crc = param_cache.zlib.crc32
-  monkeypatch.setattr(param_cache.zlib, "crc32",
+  real_crc = entry_marker.zlib.crc32
+  monkeypatch.setattr(entry_marker.zlib, "crc32",
                       lambda *a: crcs.append(1) or real_crc(*a))
   assets.load_params_cached(source)
   assert not crcs
