@@ -5,7 +5,8 @@ kv head (issue 34's diagnostics).
   python -m experiments.dependence --config=int4_g32 \
       --model=smollm2-135m --workdir=runs/dependence/smollm2-135m \
       --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw \
-      [--rate=2.5] [--num_calib_windows=8] [--vq_layer_stride=3]
+      [--rate=2.5] [--num_calib_windows=8] [--vq_layer_stride=3] \
+      [--ridge_input_bits=4,2]
 
 Calibration windows: the last --num_calib_windows windows of the text,
 disjoint from the preset's evaluation windows. Writes dependence.json,
@@ -31,6 +32,9 @@ _RATE = flags.DEFINE_float("rate", 2.5, "bits per coordinate of the "
                            "transform-coding comparison")
 _NUM_CALIB = flags.DEFINE_integer("num_calib_windows", 8,
                                   "calibration windows (end of the text)")
+_RIDGE_BITS = flags.DEFINE_list(
+    "ridge_input_bits", ["4", "2"], "the ridge predictor again from the "
+    "previous layer's int-B asymmetric g32 reconstruction, per B")
 _STRIDE = flags.DEFINE_integer("vq_layer_stride", 3,
                                "k-means on layers 0, S, 2S, ...")
 
@@ -42,7 +46,9 @@ def main(argv):
   try:
     options = DependenceOptions(rate=_RATE.value,
                                 num_calib_windows=_NUM_CALIB.value,
-                                vq_layer_stride=_STRIDE.value)
+                                vq_layer_stride=_STRIDE.value,
+                                ridge_input_bits=tuple(
+                                    int(b) for b in _RIDGE_BITS.value))
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   out = run_dependence(_CONFIG.value, _WORKDIR.value,

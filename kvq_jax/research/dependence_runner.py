@@ -30,6 +30,7 @@ import json
 import pathlib
 import time
 
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
@@ -37,6 +38,8 @@ from absl import logging
 from kvq_jax.bench.timing import machine_description
 from kvq_jax.calibration.key_runner import calibration_inputs
 from kvq_jax.calibration.recording import record_qkv
+from kvq_jax.quant.quantize import dequantize, quantize
+from kvq_jax.quant.spec import QuantSpec
 from kvq_jax.research import dependence
 
 
@@ -50,8 +53,13 @@ class DependenceOptions:
                                           (8, 1))
   vq_layer_stride: int = 3
   ridge_lambda: float = 1e-3
+  ridge_input_bits: tuple[int, ...] = (4, 2)
 
   def __post_init__(self):
+    for bits in self.ridge_input_bits:
+      if bits not in (2, 3, 4, 5, 6, 8):
+        raise ValueError(f"dependence: ridge_input_bits entry {bits}; "
+                         "allowed: 2, 3, 4, 5, 6, 8.")
     if self.rate <= 0:
       raise ValueError(f"dependence: rate {self.rate}; allowed: > 0.")
     if self.num_calib_windows < 1 or self.vq_layer_stride < 1:
@@ -94,6 +102,34 @@ def _rows(x_BxTxKxH: np.ndarray, kv: int | None = None) -> np.ndarray:
   return x[:, :, kv].reshape(-1, x.shape[3])
 
 
+def round_trip(x_NxD: np.ndarray, bits: int | None,
+               group: int = 32) -> np.ndarray:
+  """x itself (bits None) or its int-`bits` asymmetric per-group round
+  trip along the last axis (groups of `group`, never across heads since
+  head_dim is a multiple of it)."""
+  if bits is None:
+    return x_NxD
+  spec = QuantSpec(format=f"int{bits}", scheme="asymmetric",
+                   granularity="per_group", group_size=group)
+  out = dequantize(quantize(jnp.asarray(x_NxD, jnp.float32), spec),
+                   jnp.float32)
+  return np.asarray(out, np.float64)
+
+
+def ridge_inputs(rec, prev, options: DependenceOptions) -> dict:
+  """Per input variant ('' exact, '_intB' round-tripped): the key
+  predictor's input (previous layer's pre-RoPE keys) and the value
+  predictor's (this layer's keys beside the previous layer's values)."""
+  k_prev, k_this, v_prev = (_rows(prev.k_pre_BxTxKxH),
+                            _rows(rec.k_pre_BxTxKxH), _rows(prev.v_BxTxKxH))
+  out = {}
+  for bits in (None,) + tuple(options.ridge_input_bits):
+    suffix = "" if bits is None else f"_int{bits}"
+    out[suffix] = (round_trip(k_prev, bits), np.concatenate(
+        [round_trip(k_this, bits), round_trip(v_prev, bits)], axis=1))
+  return out
+
+
 def _o_kernels(lm) -> list[np.ndarray]:
   return [np.asarray(block.attn.o.kernel[...], np.float64)
           for block in lm.decoder.layers]
@@ -108,6 +144,7 @@ def measure(lm, records, options: DependenceOptions) -> list[dict]:
   for layer, rec in enumerate(records):
     prev = records[layer - 1] if layer else None
     vq_here = layer % options.vq_layer_stride == 0
+    inputs = ridge_inputs(rec, prev, options) if prev is not None else {}
     for kv in range(cfg.num_kv_heads):
       heads = range(kv * group, (kv + 1) * group)
       k, v = _rows(rec.k_pre_BxTxKxH, kv), _rows(rec.v_BxTxKxH, kv)
@@ -121,13 +158,11 @@ def measure(lm, records, options: DependenceOptions) -> list[dict]:
              "v_weighted": dependence.transform_gain(
                  v, options.rate,
                  value_metric(o_kernels[layer], heads, cfg.head_dim))}
-      if prev is not None:
-        row["k_ridge"] = dependence.ridge_bits(
-            _rows(prev.k_pre_BxTxKxH), k, lam=options.ridge_lambda)
-        row["v_ridge"] = dependence.ridge_bits(
-            np.concatenate([_rows(rec.k_pre_BxTxKxH),
-                            _rows(prev.v_BxTxKxH)], axis=1),
-            v, lam=options.ridge_lambda)
+      for suffix, (k_in, v_in) in inputs.items():
+        row[f"k_ridge{suffix}"] = dependence.ridge_bits(
+            k_in, k, lam=options.ridge_lambda)
+        row[f"v_ridge{suffix}"] = dependence.ridge_bits(
+            v_in, v, lam=options.ridge_lambda)
       if vq_here:
         for name, x in (("k", k), ("v", v)):
           for dim, rate in options.vq_grid:
@@ -152,6 +187,11 @@ def summary_columns(options: DependenceOptions) -> list[tuple[str, str, str]]:
           ("V PCA bits (W_o-weighted)", "v_weighted", "pca_bits"),
           ("K ridge bits", "k_ridge", "bits"),
           ("V ridge bits", "v_ridge", "bits")]
+  for bits in options.ridge_input_bits:
+    cols += [(f"K ridge bits (int{bits} inputs)", f"k_ridge_int{bits}",
+              "bits"),
+             (f"V ridge bits (int{bits} inputs)", f"v_ridge_int{bits}",
+              "bits")]
   for name in ("k", "v"):
     for dim, rate in options.vq_grid:
       cols.append((f"{name.upper()} VQ d{dim} r{rate} bits",
