@@ -15,7 +15,10 @@ channel groups and between layers (`research.dependence`).
      error's cost after the output projection);
    - ridge prediction from the previous layer (layer >= 1): keys from its
      pre-RoPE keys, values from this layer's keys and its values (the
-     AQUA-KV pairing), fitted on the first 3/4 of the tokens;
+     AQUA-KV pairing), fitted on the first 3/4 of the tokens; from the
+     exact inputs and again, per `ridge_input_bits`, from their
+     `ridge_spec` round trip (the reconstruction a cache would predict
+     from; the target stays exact);
    - k-means against per-channel Lloyd-Max at equal rate, for each
      (group dim, rate) in `vq_grid`, on every `vq_layer_stride`-th layer
      (k-means of 256 entries per group is the slow part).
@@ -38,7 +41,7 @@ from absl import logging
 from kvq_jax.bench.timing import machine_description
 from kvq_jax.calibration.key_runner import calibration_inputs
 from kvq_jax.calibration.recording import record_qkv
-from kvq_jax.quant.quantize import dequantize, quantize
+from kvq_jax.cache.round_trip import quantize_dequantize
 from kvq_jax.quant.spec import QuantSpec
 from kvq_jax.research import dependence
 
@@ -57,9 +60,11 @@ class DependenceOptions:
 
   def __post_init__(self):
     for bits in self.ridge_input_bits:
-      if bits not in (2, 3, 4, 5, 6, 8):
-        raise ValueError(f"dependence: ridge_input_bits entry {bits}; "
-                         "allowed: 2, 3, 4, 5, 6, 8.")
+      try:
+        ridge_spec(bits)
+      except ValueError as e:
+        raise ValueError(f"dependence: ridge_input_bits entry {bits}: {e}"
+                         ) from e
     if self.rate <= 0:
       raise ValueError(f"dependence: rate {self.rate}; allowed: > 0.")
     if self.num_calib_windows < 1 or self.vq_layer_stride < 1:
@@ -102,32 +107,28 @@ def _rows(x_BxTxKxH: np.ndarray, kv: int | None = None) -> np.ndarray:
   return x[:, :, kv].reshape(-1, x.shape[3])
 
 
-def round_trip(x_NxD: np.ndarray, bits: int | None,
-               group: int = 32) -> np.ndarray:
-  """x itself (bits None) or its int-`bits` asymmetric per-group round
-  trip along the last axis (groups of `group`, never across heads since
-  head_dim is a multiple of it)."""
+def ridge_spec(bits: int) -> QuantSpec:
+  """The int-`bits` asymmetric g32 format (groups along head_dim, so never
+  across heads) whose reconstruction the ridge predictor is fitted from."""
+  return QuantSpec(format=f"int{bits}", scheme="asymmetric",
+                   granularity="per_group", group_size=32)
+
+
+def round_trip(x_NxD: np.ndarray, bits: int | None) -> np.ndarray:
+  """x itself (bits None) or its `ridge_spec(bits)` round trip."""
   if bits is None:
     return x_NxD
-  spec = QuantSpec(format=f"int{bits}", scheme="asymmetric",
-                   granularity="per_group", group_size=group)
-  out = dequantize(quantize(jnp.asarray(x_NxD, jnp.float32), spec),
-                   jnp.float32)
+  out = quantize_dequantize(jnp.asarray(x_NxD, jnp.float32), ridge_spec(bits))
   return np.asarray(out, np.float64)
 
 
-def ridge_inputs(rec, prev, options: DependenceOptions) -> dict:
-  """Per input variant ('' exact, '_intB' round-tripped): the key
-  predictor's input (previous layer's pre-RoPE keys) and the value
-  predictor's (this layer's keys beside the previous layer's values)."""
-  k_prev, k_this, v_prev = (_rows(prev.k_pre_BxTxKxH),
-                            _rows(rec.k_pre_BxTxKxH), _rows(prev.v_BxTxKxH))
-  out = {}
-  for bits in (None,) + tuple(options.ridge_input_bits):
-    suffix = "" if bits is None else f"_int{bits}"
-    out[suffix] = (round_trip(k_prev, bits), np.concatenate(
-        [round_trip(k_this, bits), round_trip(v_prev, bits)], axis=1))
-  return out
+def reconstructions(rec, options: DependenceOptions) -> dict:
+  """One layer's pre-RoPE keys and values (all kv heads as columns), per
+  input variant: '' exact, '_intB' round-tripped."""
+  k, v = _rows(rec.k_pre_BxTxKxH), _rows(rec.v_BxTxKxH)
+  return {("" if bits is None else f"_int{bits}"):
+          (round_trip(k, bits), round_trip(v, bits))
+          for bits in (None,) + tuple(options.ridge_input_bits)}
 
 
 def _o_kernels(lm) -> list[np.ndarray]:
@@ -141,10 +142,16 @@ def measure(lm, records, options: DependenceOptions) -> list[dict]:
   group = cfg.num_heads // cfg.num_kv_heads
   o_kernels = _o_kernels(lm)
   rows = []
+  prev_recon = {}
   for layer, rec in enumerate(records):
-    prev = records[layer - 1] if layer else None
     vq_here = layer % options.vq_layer_stride == 0
-    inputs = ridge_inputs(rec, prev, options) if prev is not None else {}
+    recon = reconstructions(rec, options)
+    # The key predictor's input: the previous layer's keys; the value
+    # predictor's: this layer's keys beside the previous layer's values.
+    inputs = {suffix: (k_prev, np.concatenate([recon[suffix][0], v_prev],
+                                              axis=1))
+              for suffix, (k_prev, v_prev) in prev_recon.items()}
+    prev_recon = recon
     for kv in range(cfg.num_kv_heads):
       heads = range(kv * group, (kv + 1) * group)
       k, v = _rows(rec.k_pre_BxTxKxH, kv), _rows(rec.v_BxTxKxH, kv)
