@@ -139,3 +139,19 @@ def static_keys_mix(bits: int, layer_overrides: str) -> ml_collections.ConfigDic
                          k_outliers=1)
   c.cache.layer_overrides = layer_overrides
   return c
+
+
+TRANSFORM_STATS = "auto:mode=transform,rotation=pca"
+
+
+def transform_keys_config(k_bits: int, v_bits: int,
+                          key_stats: str = TRANSFORM_STATS,
+                          k_outliers: int = 0) -> ml_collections.ConfigDict:
+  """The tc presets (issue 34, transform coding): the kq layout
+  (`static_keys_config`: pre-RoPE static keys, no scale, the first token in
+  bfloat16, V `int{v_bits}_lm` after a randomised Hadamard) with keys in
+  the weighted principal axes of the calibration keys, each component
+  centred and scaled by its calibration std, and `k_bits` x head_dim bits
+  per key vector spread over the components by the calibrated error
+  tables (`KeyAffine.component_widths`), each width with its own codebook."""
+  return static_keys_config(k_bits, v_bits, key_stats, k_outliers=k_outliers)

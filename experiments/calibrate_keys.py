@@ -33,9 +33,12 @@ _NUM_CALIB = flags.DEFINE_integer("num_calib_windows", 4,
 _ALPHA = flags.DEFINE_float("alpha", 0.5, "scale exponent of the key std")
 _BETA = flags.DEFINE_float("beta", 0.0, "scale exponent of the query rms")
 _SHIFT = flags.DEFINE_boolean("shift", True, "subtract the channel mean")
-_MODE = flags.DEFINE_enum("mode", "std", ["std", "range"],
+_MODE = flags.DEFINE_enum("mode", "std", ["std", "range", "transform"],
                           "std: spread normalisation (tq presets); range: "
-                          "calibrated ranges for static keys (kq presets)")
+                          "calibrated ranges for static keys (kq presets); "
+                          "transform: per-component statistics, codebooks "
+                          "and error tables for transform coding (tc "
+                          "presets; with --rotation=pca)")
 _QUANTILE = flags.DEFINE_float("range_quantile", 1.0,
                                "range mode: the quantile p of [Q(1-p), Q(p)]")
 _CODEBOOK_BITS = flags.DEFINE_list(

@@ -29,6 +29,17 @@ weighted by the queries that read them), the stored key is
 so s (and the static keys' ranges) live in the rotated coordinates. R is a
 per-layer constant too, stored and charged in float32 (K H^2 values).
 
+Mode "transform" (issue 34, transform coding): R the weighted principal
+axes, mu the mean and s the standard deviation of each rotated component
+(so the stored coordinates are centred, unit-variance), `codebooks` one
+calibrated codebook per width 1..8 and `distortion` [H][9] the weighted
+error of each component coded with 0..8 bits on the calibration keys
+(summed over the kv heads). `CacheSpec.layer` turns the static key spec's
+budget (bits x head_dim per vector) into one width per component with
+`quant.bit_allocation.greedy_widths`. R is stored as int8 codes with one
+float32 scale per row (absmax / 127) and charged so (about 1 byte a
+value); writing and reading both use that stored R.
+
 `KeyAffine` is static configuration: hashable tuples, so it can live in the
 frozen `CacheSpec` / `LayerSpec` and be baked into compiled programs.
 """
@@ -41,13 +52,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-MODES = ("std", "range")
+MODES = ("std", "range", "transform")
+BOOK_MODES = ("range", "transform")  # modes whose static keys use codebooks
+
+
+def int8_rows(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(codes, scales) of `matrix` [..., H] with one absmax / 127 scale per
+  row: float32 arrays, codes integers in [-127, 127], scales [..., 1];
+  codes * scales is the stored matrix."""
+  m = np.asarray(matrix, np.float32)
+  scale = np.maximum(np.max(np.abs(m), axis=-1, keepdims=True) / np.float32(
+      127.0), np.float32(1e-30))
+  return np.round(m / scale).astype(np.float32), scale.astype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
 class KeyAffine:
   """shift / scale: [K][H] nested tuples of floats (kv heads x head_dim);
-  mode: "std" or "range" (module docstring); codebooks: ((bits, levels),
+  mode: "std", "range" or "transform" (module docstring); codebooks: ((bits, levels),
   ...), calibrated levels of the normalised keys for static keys of that
   many bits (range mode; `QuantSpec.levels`), () for uniform levels;
   rotation: [K][H][H] orthogonal matrices (module docstring), () for
@@ -58,6 +80,7 @@ class KeyAffine:
   mode: str = "std"
   codebooks: tuple = ()
   rotation: tuple = ()
+  distortion: tuple = ()
 
   def __post_init__(self):
     if self.mode not in MODES:
@@ -75,24 +98,29 @@ class KeyAffine:
                        "> 0 everywhere.")
     books = tuple(sorted((int(b), tuple(np.asarray(c, np.float32).tolist()))
                          for b, c in dict(self.codebooks).items()))
-    if books and self.mode != "range":
-      raise ValueError("KeyAffine.codebooks need mode='range' (they are "
-                       "levels of static keys).")
+    if books and self.mode not in BOOK_MODES:
+      raise ValueError("KeyAffine.codebooks need mode='range' or "
+                       "'transform' (they are levels of static keys).")
     if any(len(c) != 2 ** b for b, c in books):
       raise ValueError("KeyAffine.codebooks: allowed: (bits, 2^bits levels) "
                        "pairs.")
     object.__setattr__(self, "codebooks", books)
+    self._check_distortion(shift.shape[1])
     if len(self.rotation):
       rot = np.asarray(self.rotation, np.float32)
+      if self.mode == "transform":
+        rot_codes, rot_scale = int8_rows(rot)
+        rot = rot_codes * rot_scale
       kh, h = shift.shape
       if rot.shape != (kh, h, h):
         raise ValueError(
             f"KeyAffine.rotation has shape {rot.shape}; allowed: () or "
             f"[num_kv_heads, head_dim, head_dim] = {(kh, h, h)}.")
       gram = np.einsum("kab,kcb->kac", rot.astype(np.float64), rot)
-      if not np.allclose(gram, np.eye(h), atol=1e-4):
+      tol = 2e-2 if self.mode == "transform" else 1e-4  # int8 rows there.
+      if not np.allclose(gram, np.eye(h), atol=tol):
         raise ValueError("KeyAffine.rotation: every head's matrix must be "
-                         "orthogonal (R R^T = I within 1e-4).")
+                         f"orthogonal (R R^T = I within {tol}).")
       object.__setattr__(self, "rotation", tuple(
           tuple(map(tuple, r)) for r in rot.tolist()))
     else:
@@ -100,14 +128,39 @@ class KeyAffine:
     object.__setattr__(self, "shift", tuple(map(tuple, shift.tolist())))
     object.__setattr__(self, "scale", tuple(map(tuple, scale.tolist())))
 
+  def _check_distortion(self, head_dim: int) -> None:
+    if not len(self.distortion):
+      object.__setattr__(self, "distortion", ())
+      return
+    table = np.asarray(self.distortion, np.float64)
+    if self.mode != "transform" or table.shape != (head_dim, 9) or not (
+        np.all(np.isfinite(table)) and np.all(table >= 0)):
+      raise ValueError(
+          f"KeyAffine.distortion of shape {table.shape} in mode "
+          f"{self.mode!r}; allowed: () or, in mode 'transform', finite "
+          f"errors >= 0 of shape [head_dim, 9] = {(head_dim, 9)}.")
+    object.__setattr__(self, "distortion",
+                       tuple(map(tuple, table.tolist())))
+
   @classmethod
   def from_arrays(cls, shift_KxH, scale_KxH, mode: str = "std",
-                  codebooks=(), rotation_KxHxH=None) -> KeyAffine:
+                  codebooks=(), rotation_KxHxH=None,
+                  distortion_Hx9=None) -> KeyAffine:
     return cls(shift=np.asarray(shift_KxH, np.float32),
                scale=np.asarray(scale_KxH, np.float32), mode=mode,
                codebooks=tuple(dict(codebooks).items()),
                rotation=() if rotation_KxHxH is None else np.asarray(
-                   rotation_KxHxH, np.float32))
+                   rotation_KxHxH, np.float32),
+               distortion=() if distortion_Hx9 is None else np.asarray(
+                   distortion_Hx9, np.float64))
+
+  def component_widths(self, bits: int) -> tuple[int, ...] | None:
+    """Transform mode with a distortion table: the width of each component
+    for a budget of `bits` per component on average; None otherwise."""
+    if self.mode != "transform" or not self.distortion:
+      return None
+    from kvq_jax.quant.bit_allocation import greedy_widths  # pylint: disable=g-import-not-at-top
+    return greedy_widths(self.distortion, bits * len(self.distortion))
 
   def levels(self, bits: int) -> tuple[float, ...]:
     """The calibrated levels for `bits`-bit static keys, () if none."""
@@ -127,7 +180,12 @@ class KeyAffine:
     spec, `QuantSpec.levels`)."""
     out = [np.asarray(self.shift, np.float32),
            np.asarray(self.scale, np.float32)]
-    return out + ([self.rotation_array()] if self.rotation else [])
+    if not self.rotation:
+      return out
+    if self.mode == "transform":  # Stored (and charged) as int8 rows.
+      codes, scale = int8_rows(self.rotation_array())
+      return out + [codes.astype(np.int8), scale[..., 0]]
+    return out + [self.rotation_array()]
 
   def _rotation(self, rotation_KxHxH):
     return (self.rotation_array() if rotation_KxHxH is None

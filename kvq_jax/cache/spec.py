@@ -40,7 +40,7 @@ import dataclasses
 import math
 from typing import Sequence
 
-from kvq_jax.cache.key_affine import KeyAffine
+from kvq_jax.cache.key_affine import BOOK_MODES, KeyAffine
 from kvq_jax.kernels.cache_layout import SUPPORTED_FORMATS
 from kvq_jax.kernels.dispatch import normalize_implementation
 from kvq_jax.quant import QuantSpec
@@ -227,7 +227,9 @@ class CacheSpec:
       token, no full-precision window) need affines in range mode and
       hadamard_k False; values cannot be static. Where an affine carries a
       codebook for the static keys' bit width, `layer(i)` uses it as their
-      levels.
+      levels; an affine in transform mode instead gives `layer(i)` one
+      width per component for the keys' budget (`KeyAffine.component_widths`)
+      and its codebooks for those widths.
     block_size: cache slots per block of the blockwise attention (XLA path);
       bounds the dequantized temporaries of a decode step.
     attention_impl: decode attention over the storage: "xla" | "pallas" | an
@@ -367,11 +369,12 @@ class CacheSpec:
     loaded to calibrate them)."""
     static = [s for s in self._all_specs() if s is not None and not s.has_scale]
     if static and (not self.key_affines
-                   or any(a.mode != "range" for a in self.key_affines)):
+                   or any(a.mode not in BOOK_MODES for a in self.key_affines)):
       raise ValueError(
           "CacheSpec: keys with scheme='static' need key_affines calibrated "
           "in range mode (cache.key_stats from `experiments.calibrate_keys "
-          "--mode=range`), which map each key channel's range to [-1, 1]; "
+          "--mode=range`), which map each key channel's range to [-1, 1], "
+          "or in transform mode (--mode=transform --rotation=pca); "
           f"got {len(self.key_affines)} affines, modes "
           f"{sorted({a.mode for a in self.key_affines})}.")
     if self.key_affines and len(self.key_affines) != num_layers:
@@ -403,7 +406,14 @@ class CacheSpec:
     affine = None
     if self.key_affines and k is not None:
       affine = self.key_affines[index]
-      if not k.has_scale and not k.levels and affine.levels(k.bits):
+      widths = (affine.component_widths(k.bits)
+                if not k.has_scale and not k.component_bits else None)
+      if widths is not None:  # Transform coding: a width per component.
+        books = tuple((w, affine.levels(w)) for w in sorted(set(widths))
+                      if w and affine.levels(w))
+        k = dataclasses.replace(k, levels=(), component_bits=widths,
+                                width_levels=books)
+      elif not k.has_scale and not k.levels and affine.levels(k.bits):
         k = dataclasses.replace(k, levels=affine.levels(k.bits))
     return LayerSpec(k=to_cache_layout(k, "k"), v=to_cache_layout(v, "v"),
                      flush_k=self._flush(k), flush_v=self._flush(v),

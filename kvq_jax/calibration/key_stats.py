@@ -57,7 +57,7 @@ ROTATIONS = ("none", "pca")
 
 @dataclasses.dataclass(frozen=True)
 class KeyStatsOptions:
-  """mode: "std" or "range"; alpha, beta: the exponents of s and shift:
+  """mode: "std", "range" or "transform"; alpha, beta: the exponents of s and shift:
   subtract the mean (False: mu = 0), in std mode; range_quantile: p of range
   mode, in (0.5, 1] (module docstring)."""
 
@@ -75,7 +75,8 @@ class KeyStatsOptions:
       raise ValueError(f"KeyStatsOptions.mode={self.mode!r}: allowed: "
                        f"{', '.join(MODES)}.")
     if self.codebook_bits and self.mode != "range":
-      raise ValueError("KeyStatsOptions.codebook_bits needs mode='range'.")
+      raise ValueError("KeyStatsOptions.codebook_bits needs mode='range' "
+                       "(mode 'transform' fits every width 1..8 itself).")
     if any(b not in (2, 3, 4, 5, 8) for b in self.codebook_bits):
       raise ValueError(
           f"KeyStatsOptions.codebook_bits={self.codebook_bits}: allowed: "
@@ -124,6 +125,8 @@ def layer_affine(record: LayerRecord, rotary_dim: int,
     # is mapped back to the key space at the end.
     k = np.einsum("kch,tkh->tkc", rotation, k - mean)
     qrms2 = np.einsum("kch,kh,kch->kc", rotation, qrms2, rotation)
+  if options.mode == "transform":
+    return _transform_affine(k, qrms2, options, rotation, mean)
   if options.mode == "range":
     p = options.range_quantile
     lo, hi = np.quantile(k, [1.0 - p, p], axis=0)
@@ -146,6 +149,37 @@ def layer_affine(record: LayerRecord, rotary_dim: int,
   s = sd ** options.alpha / np.sqrt(qrms2) ** options.beta
   s = s / np.exp(np.mean(np.log(s), axis=-1, keepdims=True))
   return _affine(mu, s, "std", {}, rotation, mean)
+
+
+def _transform_affine(k_TxKxH, qrms2_KxH, options: KeyStatsOptions, rotation,
+                      mean_KxH) -> KeyAffine:
+  """Mode transform (module docstring of `cache.key_affine`): centred,
+  unit-variance components, one weighted codebook per width 1..8 pooled
+  over the layer's components, and each component's weighted error at
+  0..8 bits with those codebooks (per calibration token, summed over the
+  kv heads). Without a rotation the components are the channels."""
+  mu = k_TxKxH.mean(axis=0)
+  s = np.maximum(k_TxKxH.std(axis=0), _EPS)
+  z = (k_TxKxH - mu) / s
+  weight = np.broadcast_to(s * s * qrms2_KxH, z.shape)
+  keep = np.ones(z.shape, bool)
+  if options.outliers:  # Kept exactly at run time: not coded.
+    rank = np.argsort(np.argsort(-np.abs(z), axis=-1), axis=-1)
+    keep = rank >= options.outliers
+  zk, wk = z[keep], weight[keep]
+  books = {b: weighted_lloyd(zk, wk, 2 ** b,
+                            start=compander_start(zk, wk, 2 ** b))
+           for b in range(1, 9)}
+  err = np.where(keep, weight * z * z, 0.0)
+  table = [err.sum(axis=(0, 1))]
+  for b in range(1, 9):
+    c = books[b]
+    u = np.searchsorted((c[1:] + c[:-1]) / 2, z, side="left")
+    err = np.where(keep, weight * (z - c[u]) ** 2, 0.0)
+    table.append(err.sum(axis=(0, 1)))
+  distortion = np.stack(table, axis=-1) / len(z)
+  affine = _affine(mu, s, "transform", books, rotation, mean_KxH)
+  return dataclasses.replace(affine, distortion=distortion)
 
 
 def _affine(mu_KxH, s_KxH, mode, books, rotation, mean_KxH) -> KeyAffine:
@@ -173,16 +207,30 @@ def weighted_principal_axes(centred_TxKxH: np.ndarray,
   return np.swapaxes(vectors[:, :, ::-1], 1, 2)
 
 
+def compander_start(x: np.ndarray, w: np.ndarray, count: int,
+                    bins: int = 4096) -> np.ndarray:
+  """`count` levels at the quantiles (i + 1/2) / count of the weighted
+  density of x raised to 1/3 (a histogram of `bins` cells): the high-rate
+  optimum's spacing (Panter-Dite), a start from which Lloyd's algorithm
+  converges at 5..8 bits where plain quantiles of x are far off."""
+  hist, edges = np.histogram(x, bins=bins, weights=w)
+  cdf = np.concatenate([[0.0], np.cumsum(np.cbrt(np.maximum(hist, 0.0)))])
+  cdf /= cdf[-1]
+  return np.interp((np.arange(count) + 0.5) / count, cdf, edges)
+
+
 def weighted_lloyd(x: np.ndarray, w: np.ndarray, count: int,
-                   iterations: int = 100) -> np.ndarray:
+                   iterations: int = 100,
+                   start: np.ndarray | None = None) -> np.ndarray:
   """`count` increasing levels minimising sum w (x - c[nearest])^2 (1-D
-  k-means by Lloyd's algorithm, started from the quantiles (i + 1/2) /
-  count of x); an empty cell keeps its level."""
+  k-means by Lloyd's algorithm, started from `start` or the quantiles
+  (i + 1/2) / count of x); an empty cell keeps its level."""
   order = np.argsort(x)
   xs, ws = x[order], w[order]
   cw = np.concatenate([[0.0], np.cumsum(ws)])
   cwx = np.concatenate([[0.0], np.cumsum(ws * xs)])
-  c = np.quantile(xs, (np.arange(count) + 0.5) / count)
+  c = (np.quantile(xs, (np.arange(count) + 0.5) / count) if start is None
+       else np.asarray(start, np.float64))
   for _ in range(iterations):
     edges = np.concatenate([[0], np.searchsorted(xs, (c[1:] + c[:-1]) / 2,
                                                  side="right"), [xs.size]])

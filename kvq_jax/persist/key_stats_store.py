@@ -5,8 +5,8 @@ Layout of a key-stats directory:
                    "scale": float32 [L, K, H], "codebook_B": float32
                    [L, 2^B] for each calibrated bit width B, "rotation":
                    float32 [L, K, H, H] when calibrated rotations are in
-                   use}
-  key_stats.json   shapes, the affines' mode ("std" or "range"), the
+                   use, "distortion": float64 [L, H, 9] in transform mode}
+  key_stats.json   shapes, the affines' mode ("std", "range" or "transform"), the
                    options and where the calibration data came from (model,
                    text, token range).
 A preset loads it with `config.cache.key_stats = 'DIR'`
@@ -52,6 +52,14 @@ def save_key_stats(path: str | os.PathLike, affines: Sequence[KeyAffine],
   for b in bits:
     tree[f"codebook_{b}"] = np.stack(
         [np.asarray(a.levels(b), np.float32) for a in affines])
+  tables = {bool(a.distortion) for a in affines}
+  if len(tables) != 1:
+    raise ValueError("save_key_stats: either every layer has a distortion "
+                     "table or none has.")
+  tables = tables.pop()
+  if tables:
+    tree["distortion"] = np.stack(
+        [np.asarray(a.distortion, np.float64) for a in affines])
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(root / TREE, tree, force=True)
   checkpointer.wait_until_finished()
@@ -62,7 +70,7 @@ def save_key_stats(path: str | os.PathLike, affines: Sequence[KeyAffine],
   (root / SIDECAR).write_text(json.dumps(
       {"shape": list(shift.shape), "mode": modes.pop(),
        "codebook_bits": bits, "rotation": rotated,
-       "metadata": metadata}, indent=1))
+       "distortion": tables, "metadata": metadata}, indent=1))
   return root
 
 
@@ -92,13 +100,17 @@ def _load(root: str, mtime_ns: int) -> tuple[KeyAffine, ...]:
   rotated = sidecar.get("rotation", False)
   if rotated:
     target["rotation"] = np.empty(shape + shape[-1:], np.float32)
+  tables = sidecar.get("distortion", False)
+  if tables:
+    target["distortion"] = np.empty((shape[0], shape[2], 9), np.float64)
   tree = ocp.StandardCheckpointer().restore(pathlib.Path(root) / TREE, target)
   mode = sidecar.get("mode", "std")  # written before modes existed: std.
   return tuple(
       KeyAffine.from_arrays(
           tree["shift"][i], tree["scale"][i], mode,
           {b: np.asarray(tree[f"codebook_{b}"][i]) for b in bits},
-          tree["rotation"][i] if rotated else None)
+          tree["rotation"][i] if rotated else None,
+          tree["distortion"][i] if tables else None)
       for i in range(shape[0]))
 
 

@@ -42,6 +42,9 @@ def bits_per_element(spec: QuantSpec, axis_len: int | None = None) -> float:
           f"bits_per_element: outliers={spec.outliers} are stored per "
           "vector; allowed: pass axis_len, the vector length.")
     outlier_bits = spec.outliers * (value_bits + 8) / axis_len
+  if spec.component_bits:
+    width = len(spec.component_bits)
+    return spec.packed_dim(width) * 8 / width + outlier_bits
   if not spec.has_scale:
     return spec.bits + outlier_bits
   meta_bits = value_bits * (2 if spec.scheme == "asymmetric" else 1)
@@ -68,10 +71,14 @@ def cache_bits_per_element(spec: QuantSpec, head_dim: int) -> float:
 def constant_arrays(spec: QuantSpec | None, last_dim: int) -> list[np.ndarray]:
   """Per-tensor constants a format needs besides its leaves: the Lloyd-Max
   codebook (2^bits float32 centroids) of a lloyd_max spec, a static spec's
-  calibrated levels (float32), else none. Charged once per layer by
+  calibrated levels (float32), a transform-coded spec's widths (uint8) and
+  codebook per width (float32), else none. Charged once per layer by
   `kvq_jax.capacity.memory`."""
   if spec is not None and spec.levels:
     return [np.asarray(spec.levels, np.float32)]
+  if spec is not None and spec.component_bits:  # The widths, and codebooks.
+    return [np.asarray(spec.component_bits, np.uint8)] + [
+        np.asarray(levels, np.float32) for _, levels in spec.width_levels]
   if spec is None or not spec.is_codebook:
     return []
   return [codebook.centroids(spec.bits, spec.elements_per_group(last_dim))]

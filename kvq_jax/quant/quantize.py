@@ -135,7 +135,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kvq_jax.quant import codebook, packing
+from kvq_jax.quant import codebook, component_codes, packing
 from kvq_jax.quant.quantized_array import QuantizedArray
 from kvq_jax.quant.spec import QuantSpec
 
@@ -251,6 +251,10 @@ def _quantize_lloyd_max(xg, finite, x_nan0, grouping, spec: QuantSpec):
 
 def _quantize_static(x_nan0, spec: QuantSpec):
   """(None, None, codes) for scheme='static' (module docstring)."""
+  if spec.component_bits:
+    return None, None, component_codes.component_codes(
+        x_nan0, spec.component_bits, dict(spec.width_levels),
+        spec.clip_ratio)
   if spec.levels:
     c = np.asarray(spec.levels, np.float32)
     t = jnp.asarray((c[1:] + c[:-1]) / 2)
@@ -387,7 +391,10 @@ def quantize(x: jax.Array, spec: QuantSpec) -> QuantizedArray:
   fn = _quantize_ggml if spec.rounding == "ggml" else _quantize_kvq
   scale, zero, codes = fn(xg, finite, x_nan0, grouping, spec)
   codes = codes.reshape(shape)
-  data = codes if spec.is_float else packing.pack(codes, spec.bits)
+  if spec.component_bits:
+    data = component_codes.pack_widths(codes, spec.component_bits)
+  else:
+    data = codes if spec.is_float else packing.pack(codes, spec.bits)
   return QuantizedArray(
       data=data, scale=None if scale is None else _stored(scale, grouping),
       zero=None if zero is None else _stored(zero, grouping), spec=spec,
@@ -404,6 +411,11 @@ def dequantize(qa: QuantizedArray, dtype=None) -> jax.Array:
   grouping = _grouping(shape, spec)
   if spec.is_float:
     vals = qa.data.astype(_F32)
+  elif spec.component_bits:
+    out = component_codes.component_values(
+        component_codes.unpack_widths(qa.data, spec.component_bits),
+        spec.component_bits, dict(spec.width_levels), spec.clip_ratio)
+    return _with_outliers(out, qa).astype(out_dtype)
   elif not spec.has_scale:
     out = _static_values(packing.unpack(qa.data, spec.bits), spec)
     return _with_outliers(out, qa).astype(out_dtype)

@@ -111,6 +111,14 @@ class QuantSpec:
     levels: scheme static only: () for the uniform levels, or the 2^bits
       strictly increasing reconstruction values of a calibrated codebook
       (float32; codes go to the nearest, ties to the lower).
+    component_bits: scheme static only: () (every element `bits` bits), or
+      one width in 0..8 per element of the last axis (transform coding:
+      `kvq_jax.quant.component_codes`); the codes of a vector are packed
+      into ceil(sum / 8) bytes. `format` stays the nominal budget (the
+      allocation's mean width) and `levels` must be ().
+    width_levels: with component_bits: ((width, 2^width increasing levels),
+      ...) calibrated codebooks of the widths in use; a width without one
+      uses the uniform static levels over [-clip_ratio, clip_ratio].
   """
 
   format: str = "int4"
@@ -123,6 +131,8 @@ class QuantSpec:
   rounding: str = "kvq"
   outliers: int = 0
   levels: tuple[float, ...] = ()
+  component_bits: tuple[int, ...] = ()
+  width_levels: tuple = ()
 
   def __post_init__(self):
     if not isinstance(self.levels, (tuple, list)):
@@ -169,6 +179,7 @@ class QuantSpec:
     if self.scheme == "static":
       self._validate_static()
     self._validate_outliers()
+    self._validate_components()
     if self.levels and self.scheme != "static":
       raise ValueError(
           f"QuantSpec.levels is set for scheme={self.scheme!r}; allowed: "
@@ -197,6 +208,43 @@ class QuantSpec:
             f"{self.format!r}; allowed: () or {2 ** self.bits} finite, "
             "strictly increasing values.")
       object.__setattr__(self, "levels", tuple(levels.tolist()))
+
+  def _validate_components(self):
+    widths = self.component_bits
+    if not isinstance(widths, (tuple, list)) or not isinstance(
+        self.width_levels, (tuple, list)):
+      raise ValueError(
+          "QuantSpec.component_bits / width_levels: allowed: tuples.")
+    if not widths:
+      if self.width_levels:
+        raise ValueError("QuantSpec.width_levels is set without "
+                         "component_bits; allowed: () there.")
+      return
+    if (any(isinstance(w, bool) or not isinstance(w, (int, np.integer))
+            or not 0 <= w <= 8 for w in widths)):
+      raise ValueError(
+          f"QuantSpec.component_bits={tuple(widths)}: allowed: one integer "
+          "width in 0..8 per component.")
+    if self.scheme != "static" or self.levels:
+      raise ValueError(
+          f"QuantSpec.component_bits needs scheme='static' without levels "
+          f"(got scheme={self.scheme!r}, {len(self.levels)} levels); the "
+          "codebooks of its widths go in width_levels.")
+    object.__setattr__(self, "component_bits", tuple(int(w) for w in widths))
+    books = []
+    for entry in self.width_levels:
+      width, levels = int(entry[0]), np.asarray(entry[1], np.float32)
+      if (width not in self.component_bits or width == 0
+          or levels.shape != (2 ** width,) or not np.all(np.isfinite(levels))
+          or not np.all(np.diff(levels) > 0)):
+        raise ValueError(
+            f"QuantSpec.width_levels entry for width {width}: allowed: a "
+            "width in use (> 0) with 2^width finite, strictly increasing "
+            "levels.")
+      books.append((width, tuple(levels.tolist())))
+    if len({w for w, _ in books}) != len(books):
+      raise ValueError("QuantSpec.width_levels names a width twice.")
+    object.__setattr__(self, "width_levels", tuple(sorted(books)))
 
   def _validate_outliers(self):
     n = self.outliers
@@ -359,6 +407,8 @@ class QuantSpec:
 
   def packed_dim(self, last_dim: int) -> int:
     """Length of the packed last axis of `data` for `last_dim` codes."""
+    if self.component_bits:
+      return -(-sum(self.component_bits) // 8)
     return last_dim * self.bits // 8
 
   def elements_per_group(self, axis_len: int) -> int:
@@ -379,7 +429,12 @@ class QuantSpec:
           f"QuantSpec: cannot quantize a rank-0 tensor (shape={shape}); "
           "allowed: rank >= 1.")
     last = shape[-1]
-    if last % self.pack_block:
+    if self.component_bits and len(self.component_bits) != last:
+      raise ValueError(
+          f"QuantSpec.component_bits has {len(self.component_bits)} widths "
+          f"for vectors of {last} elements (shape={shape}); allowed: one "
+          "width per element of the last axis.")
+    if not self.component_bits and last % self.pack_block:
       raise ValueError(
           f"QuantSpec.format={self.format!r} packs {self.pack_block} codes "
           f"together along the last axis, but its length is {last} "

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvq_jax.quant import bit_allocation
+
 DB_PER_BIT = 20.0 * np.log10(2.0)  # 6.02 dB.
 
 
@@ -41,16 +43,8 @@ def water_fill(variances_D: np.ndarray, rate: float) -> float:
   variances coded at `rate` bits per coordinate on average (reverse
   water-filling: D_i = min(var_i, theta), sum of 1/2 log2(var_i/D_i) =
   D * rate)."""
-  var = np.maximum(np.asarray(variances_D, np.float64), 0.0)
-  total = rate * var.size
-  if not np.any(var > 0):
-    return 0.0
-  lo, hi = 0.0, float(var.max())
-  for _ in range(200):  # Bisection on the water level theta.
-    theta = 0.5 * (lo + hi)
-    bits = np.sum(0.5 * np.log2(np.maximum(var / max(theta, 1e-300), 1.0)))
-    lo, hi = (theta, hi) if bits > total else (lo, theta)
-  return float(np.mean(np.minimum(var, 0.5 * (lo + hi))))
+  return float(np.mean(bit_allocation.reverse_water_filling(
+      variances_D, rate)[1]))
 
 
 def _sqrt_psd(m: np.ndarray) -> np.ndarray:

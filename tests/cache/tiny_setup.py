@@ -52,6 +52,24 @@ INT4_PC8_ASYM = _q("int4", "asymmetric", "per_channel", 8)
 LM4 = _q("int4", "lloyd_max")
 LM3 = _q("int3", "lloyd_max")
 ST4_O1 = QuantSpec("int4", "static", "per_token", outliers=1)
+ST3 = QuantSpec("int3", "static", "per_token")
+
+
+def transform_affine(kv_heads: int = 2, head_dim: int = 16, seed: int = 0
+                     ) -> KeyAffine:
+  """A transform-mode key affine (issue 34): random orthogonal bases,
+  component variances falling 2x a component (so the allocation is
+  unequal: 6 bits down to 0 at a 3-bit budget), codebooks 1..8."""
+  rng = np.random.default_rng(seed)
+  basis = np.linalg.qr(rng.normal(size=(kv_heads, head_dim, head_dim)))[0]
+  var = 2.0 ** -np.arange(head_dim)
+  table = var[:, None] * 4.0 ** -np.arange(9)[None, :]
+  books = {b: np.linspace(-2.5, 2.5, 2 ** b) for b in range(1, 9)}
+  return KeyAffine.from_arrays(
+      rng.normal(size=(kv_heads, head_dim)) * 0.3,
+      np.sqrt(np.broadcast_to(var, (kv_heads, head_dim))) * 2.0,
+      mode="transform", codebooks=books,
+      rotation_KxHxH=np.swapaxes(basis, 1, 2), distortion_Hx9=table)
 INT4_G8_ASYM_O1 = QuantSpec("int4", "asymmetric", "per_group", 8, outliers=1)
 
 # name -> (config name, CacheSpec). Kept short: every spec costs two
@@ -86,6 +104,11 @@ SWEEP = {
             np.linspace(-1, 1, 32).reshape(2, 16),
             np.linspace(0.3, 1.5, 32).reshape(2, 16), mode="range"),),
         block_size=BLOCK)),
+    # Transform-coded keys (issue 34): a bfloat16 basis, a width per
+    # component from the error table, no scale; sinks.
+    "transform_coded_keys": ("tiny1", CacheSpec(
+        k=ST3, v=LM3, sink=2, key_rope="pre",
+        key_affines=(transform_affine(),), block_size=BLOCK)),
     # Layer 0 full precision (a DenseLayerCache); layer 1 per-channel int4 K
     # with a full-precision V store.
     "override_fp_layer0_k_only_pc8": ("tiny2", CacheSpec(

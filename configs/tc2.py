@@ -1,0 +1,28 @@
+"""tc2: transform-coded keys at 2 bits per element on average (issue 34),
+V int2 Lloyd-Max codes + one bfloat16 scale per head vector after a
+randomised Hadamard, the first token in bfloat16 (`configs/base.py`
+`transform_keys_config`).
+
+Keys before RoPE in the weighted principal axes of the calibration keys
+(one bfloat16 basis per layer and kv head), centred and scaled per
+component, 128 bits per key vector spread over its 64 components (0..8
+bits each) by the calibrated error tables, one codebook per width, no
+scale. Key statistics: built on first use for the model being run and
+cached (`cache.key_stats = 'auto:mode=transform,rotation=pca'`: the last 4
+windows of the text, disjoint from the evaluation), as
+  python -m experiments.calibrate_keys --config=tc2 --mode=transform \\
+      --rotation=pca --workdir=runs/key_stats/smollm2-tc-pca \\
+      --config.eval.num_windows=40 \\
+      --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
+
+Run: python -m experiments.run --config=tc2 \\
+  --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
+"""
+
+from __future__ import annotations
+
+from configs import base
+
+
+def get_config():
+  return base.transform_keys_config(2, 2)
