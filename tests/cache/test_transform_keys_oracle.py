@@ -56,8 +56,9 @@ def _oracle_keys(k_TxKxH):
   return np.einsum("kch,tkc->tkh", rot, out * scale) + shift
 
 
-def _oracle(q, k, v):
-  keys = _numpy_rope(_oracle_keys(k.astype(np.float64)))
+def _oracle(q, k, v, quantized=True):
+  k = k.astype(np.float64)
+  keys = _numpy_rope(_oracle_keys(k) if quantized else k)
   out = np.zeros((T, K * G, H))
   for i in range(T):
     for head in range(K * G):
@@ -93,11 +94,5 @@ def test_decode_matches_the_numpy_oracle():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4,
                                err_msg=f"chunks={chunks}")
   # The test has teeth: full-precision keys give another answer.
-  keys = _numpy_rope(k[0].astype(np.float64))
-  fp = np.zeros_like(want)
-  for i in range(T):
-    for head in range(K * G):
-      s = keys[:i + 1, head // G] @ q[0, i, head].astype(np.float64) / 4.0
-      p = np.exp(s - s.max())
-      fp[i, head] = (p / p.sum()) @ v[0, :i + 1, head // G]
+  fp = _oracle(q[0], k[0], v[0], quantized=False)
   assert np.abs(fp - want).max() > 1e-2

@@ -146,6 +146,26 @@ def test_stand_in_key_stats_have_the_models_shape():
   assert kind.dtype == "bfloat16"
 
 
+def test_transform_stand_in_charges_the_basis_and_codebooks():
+  """A transform-coding recipe (tc3) is stood in for in transform mode:
+  the keys get a spread of widths (their codebooks charged) and the int8
+  basis: at 512 tokens on Qwen2.5-7B's shape (4 kv heads, head_dim 128)
+  K H^2 int8 + K H float32 row scales per layer, 65536 + 2048 bytes, over
+  2 K H 512 elements: 1.03 bits."""
+  config = ARCHITECTURES["qwen2.5-7b"].config
+  kind = resolve_kind("tc3", config, CATALOG)
+  assert "transform mode, rotated" in kind.note
+  widths = kind.spec.layer(0).k.component_bits
+  assert sum(widths) == 3 * 128 and len(set(widths)) > 3
+  rows = {r.kind: r for r in plan_capacity(CapacityRequest(
+      model="qwen2.5-7b", device_memory_gib=24, kinds=("tc3", "kq3"),
+      context=512)).rows}
+  # tc3 stores less per token than kq3 (no outlier) but pays the basis.
+  assert rows["tc3"].stored_bits < rows["kq3"].stored_bits
+  assert (rows["tc3"].effective_bits - rows["tc3"].stored_bits
+          > rows["kq3"].effective_bits - rows["kq3"].stored_bits + 1.03)
+
+
 @pytest.mark.parametrize("changes, match", [
     (dict(device_memory_gib=0), "device_memory_gib=0"),
     (dict(device_memory_gib=-8.0), "device_memory_gib"),
