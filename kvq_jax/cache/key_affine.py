@@ -154,6 +154,30 @@ class KeyAffine:
                distortion=() if distortion_Hx9 is None else np.asarray(
                    distortion_Hx9, np.float64))
 
+  @classmethod
+  def stand_in(cls, num_kv_heads: int, head_dim: int, mode: str = "std",
+               rotated: bool = False, codebook_bits=()) -> KeyAffine:
+    """An identity of the given shape, not a calibration: zero shift, unit
+    scale, uniform codebooks over [-1, 1] for `codebook_bits`, the identity
+    rotation if `rotated`. Mode 'transform' is always rotated, carries
+    codebooks for widths 1..8 and an error table whose variances halve
+    from one component to the next, so widths (and the codebooks charged)
+    spread as calibrated ones do. For checks whose result does not depend
+    on calibrated numbers: bytes, paged against contiguous."""
+    shape = (num_kv_heads, head_dim)
+    table = None
+    if mode == "transform":
+      rotated, codebook_bits = True, range(1, 9)
+      table = (2.0 ** -np.arange(head_dim)[:, None]
+               * 4.0 ** -np.arange(9)[None, :])
+    eye = np.broadcast_to(np.eye(head_dim, dtype=np.float32),
+                          shape + (head_dim,))
+    return cls.from_arrays(
+        np.zeros(shape), np.ones(shape), mode=mode,
+        codebooks=tuple((b, np.linspace(-1.0, 1.0, 2**b))
+                        for b in codebook_bits),
+        rotation_KxHxH=eye if rotated else None, distortion_Hx9=table)
+
   def component_widths(self, bits: int) -> tuple[int, ...] | None:
     """Transform mode with a distortion table: the width of each component
     for a budget of `bits` per component on average; None otherwise."""

@@ -50,6 +50,7 @@ from kvq_jax.assets import entry_lock
 from kvq_jax.assets import entry_marker
 from kvq_jax.assets import param_cache
 from kvq_jax.assets import registry
+from kvq_jax.cache.key_stats_recipe import recipe_items
 from kvq_jax.calibration.key_stats import KeyStatsOptions, key_affines
 from kvq_jax.calibration.recording import record_qkv
 from kvq_jax.calibration.windows import assert_disjoint, split_windows
@@ -100,8 +101,7 @@ def parse_recipe(value: str) -> KeyStatsOptions:
     raise ValueError(f"cache.key_stats={value!r} is not a recipe; allowed: "
                      "'auto' or 'auto:name=value,...'.")
   fields = {}
-  body = value[len(key_stats_context.RECIPE) + 1:]
-  for item in filter(None, body.split(",")):
+  for item in recipe_items(value):
     name, sep, text = item.partition("=")
     name = name.strip()
     if not sep or name not in _FIELDS:

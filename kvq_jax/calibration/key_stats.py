@@ -49,6 +49,7 @@ from typing import Sequence
 import numpy as np
 
 from kvq_jax.cache.key_affine import MODES, KeyAffine
+from kvq_jax.cache.key_stats_recipe import DEFAULT_MODE
 from kvq_jax.calibration.recording import LayerRecord
 
 _EPS = 1e-6
@@ -64,7 +65,7 @@ class KeyStatsOptions:
   alpha: float = 0.5
   beta: float = 0.0
   shift: bool = True
-  mode: str = "std"
+  mode: str = DEFAULT_MODE  # "std"
   range_quantile: float = 1.0
   codebook_bits: tuple[int, ...] = ()
   outliers: int = 0

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 
 from kvq_jax.cache.key_affine import KeyAffine
-from kvq_jax.calibration.auto_key_stats import parse_recipe
-from kvq_jax.settings import key_stats_context
+from kvq_jax.cache.key_stats_recipe import recipe_shape
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.capacity.catalog import Catalog
 from kvq_jax.models.config import ModelConfig
@@ -135,23 +133,9 @@ def _key_stats(spec: CacheSpec, config: ModelConfig, path: str,
              f"{affines[0].shape}")
   else:
     mode, rotated, bits = ("range" if static else "std"), False, []
-    if key_stats_context.is_recipe(path):
-      options = parse_recipe(path)
-      mode, rotated = options.mode, options.rotation != "none"
-      bits = list(range(1, 9)) if mode == "transform" else []
+    mode, rotated = recipe_shape(path) or (mode, rotated)
     where = "not loaded"
-  ones = np.ones((k, h), np.float32)
-  # Transform mode: variances halving a component, so the widths (and the
-  # codebooks charged) spread as calibrated ones do; the bytes per token
-  # are the budget's whatever the table.
-  table = (2.0 ** -np.arange(h)[:, None] * 4.0 ** -np.arange(9)[None, :]
-           if mode == "transform" else None)
-  stand_in = KeyAffine.from_arrays(
-      0 * ones, ones, mode=mode,
-      codebooks=tuple((b, np.linspace(-1.0, 1.0, 2**b)) for b in bits),
-      rotation_KxHxH=(np.broadcast_to(np.eye(h, dtype=np.float32),
-                                      (k, h, h)) if rotated else None),
-      distortion_Hx9=table)
+  stand_in = KeyAffine.stand_in(k, h, mode, rotated, bits)
   spec = dataclasses.replace(spec,
                              key_affines=(stand_in,) * config.num_layers)
   return spec, (f"key stats {path} {where}: stand-in of this model's shape "

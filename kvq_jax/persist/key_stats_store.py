@@ -77,13 +77,11 @@ def save_key_stats(path: str | os.PathLike, affines: Sequence[KeyAffine],
 def save_identity_key_stats(path: str | os.PathLike, num_layers: int,
                             num_kv_heads: int, head_dim: int,
                             mode: str) -> pathlib.Path:
-  """Zero shift and unit scale for every layer, in `mode`: a stand-in of a
+  """`KeyAffine.stand_in` for every layer, in `mode`: a stand-in of a
   model's shape for checks whose result does not depend on calibrated
   numbers (a paged cache against a contiguous one, bytes). Not a
   calibration: the metadata says so."""
-  shape = (num_kv_heads, head_dim)
-  affines = [KeyAffine.from_arrays(np.zeros(shape), np.ones(shape), mode)
-             for _ in range(num_layers)]
+  affines = [KeyAffine.stand_in(num_kv_heads, head_dim, mode)] * num_layers
   return save_key_stats(path, affines, {"identity": True})
 
 

@@ -219,6 +219,8 @@ class QuantSpec:
       if self.width_levels:
         raise ValueError("QuantSpec.width_levels is set without "
                          "component_bits; allowed: () there.")
+      object.__setattr__(self, "component_bits", ())  # JSON gives lists.
+      object.__setattr__(self, "width_levels", ())
       return
     if (any(isinstance(w, bool) or not isinstance(w, (int, np.integer))
             or not 0 <= w <= 8 for w in widths)):

@@ -27,6 +27,7 @@ from kvq_jax.cache.factory import layer_cache
 from kvq_jax.cache.paged import PagedLayerCache
 from kvq_jax.cache.paged_model import (merge_slots, paged_layer_spec,
                                        select_slots, with_block_table)
+from kvq_jax.cache.key_stats_recipe import recipe_shape
 from kvq_jax.cache.spec import CacheSpec, LayerSpec
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.decoder import layer_rope
@@ -132,12 +133,14 @@ def distinct_layers(spec: CacheSpec, num_layers: int) -> list[int]:
 def _with_key_stats(preset, config: ModelConfig, stand_in_root: pathlib.Path
                     ) -> str:
   """Points a preset whose key statistics are missing at identity stand-ins
-  of `config`'s shape (range mode for static keys, else std); returns a
+  of `config`'s shape (a recipe's mode; else range mode for static keys,
+  std otherwise); returns a
   note, '' when its own statistics are used."""
   path = preset.cache.key_stats
   if not path or pathlib.Path(path).is_dir():
     return ""
   mode = "range" if preset.cache.k.scheme == "static" else "std"
+  mode = (recipe_shape(path) or (mode,))[0]
   root = stand_in_root / mode
   if not root.is_dir():
     save_identity_key_stats(root, config.num_layers, config.num_kv_heads,

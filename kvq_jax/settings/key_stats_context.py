@@ -19,7 +19,7 @@ import dataclasses
 import pathlib
 from typing import Callable, Iterator
 
-RECIPE = "auto"
+from kvq_jax.cache.key_stats_recipe import RECIPE, is_recipe  # pylint: disable=unused-import
 
 # resolve(recipe, model, eval_data, window_len, num_eval_windows, dtype)
 #   -> (key-stats directory, where it came from)
@@ -40,10 +40,6 @@ class KeyStatsRun:
 
 _RUN: contextvars.ContextVar[KeyStatsRun | None] = contextvars.ContextVar(
     "kvq_jax_key_stats_run", default=None)
-
-
-def is_recipe(value: str) -> bool:
-  return value == RECIPE or value.startswith(RECIPE + ":")
 
 
 @contextlib.contextmanager

@@ -40,6 +40,9 @@ PRESET_BITS = {
     "kq4kl": (4.0 + 4.25) / 2, "kq4klcb": (4.0 + 4.25) / 2,
     # Allocated kq mixes: the allocator's achieved means.
     "kqmix325": 3.15, "kqmix250": 2.3979,
+    # Transform-coded keys: b x 64 bits per key vector spread over its
+    # components (8b bytes) with int{b}_lm values.
+    "tc4": (4.0 + 4.25) / 2, "tc3": (3.0 + 3.25) / 2, "tc2": (2.0 + 2.25) / 2,
 }
 # Fixed (capacity-independent) cache bytes per sequence, by hand: 30 layers x
 # 3 KV heads x 64 dims x 2 bytes (bfloat16 full-precision regions) x the
@@ -78,6 +81,22 @@ def test_available_presets_is_every_config_but_base():
   assert available_presets() == sorted(PRESET_BITS)
 
 
+def _transform_constants(spec: CacheSpec) -> int:
+  """tc presets, per layer: the V codebook, the key mean and std [3, 64]
+  (float32), the basis as int8 [3, 64, 64] with a float32 scale per row,
+  one uint8 width per component and a float32 codebook per width in use
+  (which widths the allocator chose is read from the spec); + the bfloat16
+  sink token of K and V."""
+  total = 2 * _PER_SLOT
+  for i in range(30):
+    k, v = spec.layer(i).k, spec.layer(i).v
+    assert len(k.component_bits) == 64 and sum(k.component_bits) == 64 * k.bits
+    assert {w for w, _ in k.width_levels} == set(k.component_bits) - {0}
+    total += (4 * 2 ** v.bits + 2 * 3 * 64 * 4 + 3 * 64 * 64 + 3 * 64 * 4
+              + 64 + sum(4 * 2 ** w for w, _ in k.width_levels))
+  return total
+
+
 @pytest.fixture(scope="module", name="key_stats_dir")
 def _key_stats_dir(tmp_path_factory):
   return synthetic_key_stats(tmp_path_factory.mktemp("ks"))
@@ -108,6 +127,8 @@ def test_preset_loads_locked_and_converts(name, key_stats_dir):
   # constants (codebooks, key statistics), by hand.
   if name.startswith(("tqmix", "kqmix")):
     assert fixed == _mix_constants(spec)
+  elif name.startswith("tc"):
+    assert fixed == _transform_constants(spec)
   else:
     assert fixed == PRESET_FIXED_BYTES.get(name, 0)
 
