@@ -33,7 +33,10 @@ Fields (override any with --config.FIELD=VALUE):
                    key_rope='pre'),
                    cache.block_size, cache.layer_overrides ('0,29:fp/fp;...'),
                    cache.window_dtype (bfloat16 | float16 | float32: storage
-                   of the full-precision residual/flush window and sinks)
+                   of the full-precision residual/flush window and sinks),
+                   cache.component_allocation (greedy | equal: transform-
+                   coded keys' widths from the calibrated error tables, or
+                   k.bits for every component; see configs/tc3.py)
   attention.impl   xla | pallas (decode attention over the packed cache)
   memory.*         budget_gib (total GiB for weights + KV cache; 0 = auto:
                    the weights plus 1 GiB for the cache, so every model
@@ -80,7 +83,8 @@ def get_config() -> ml_collections.ConfigDict:
       k=kv(), v=kv(), dtype="", residual=0, flush_block=0, sink=0,
       key_rope="post", hadamard_k=False, hadamard_v=False, rotation_seed=-1,
       key_stats="", block_size=256,
-      layer_overrides="", window_dtype="bfloat16"))
+      layer_overrides="", window_dtype="bfloat16",
+      component_allocation="greedy"))
   c.attention = ml_collections.ConfigDict(dict(impl="xla"))
   c.memory = ml_collections.ConfigDict(dict(
       budget_gib=0.0, weight_dtype="bfloat16"))
@@ -142,6 +146,9 @@ def static_keys_mix(bits: int, layer_overrides: str) -> ml_collections.ConfigDic
 
 
 TRANSFORM_STATS = "auto:mode=transform,rotation=pca"
+# Transform-mode statistics without a basis: the components are the native
+# channels (the ca presets: the allocation without the rotation).
+CHANNEL_STATS = "auto:mode=transform"
 
 
 def transform_keys_config(k_bits: int, v_bits: int,
@@ -155,3 +162,14 @@ def transform_keys_config(k_bits: int, v_bits: int,
   per key vector spread over the components by the calibrated error
   tables (`KeyAffine.component_widths`), each width with its own codebook."""
   return static_keys_config(k_bits, v_bits, key_stats, k_outliers=k_outliers)
+
+
+def channel_widths_config(k_bits: int, v_bits: int
+                          ) -> ml_collections.ConfigDict:
+  """The ca presets (issue 34): `transform_keys_config` without the basis.
+  The keys' components are their native pre-RoPE channels, each centred
+  and scaled by its calibration mean and std, and `k_bits` x head_dim bits
+  per key vector spread over the channels by the calibrated (query-
+  weighted) error tables, each width with its own codebook; no rotation
+  is stored or charged."""
+  return transform_keys_config(k_bits, v_bits, key_stats=CHANNEL_STATS)

@@ -20,7 +20,9 @@ Measured on SmolLM2-135M-Instruct (first 40 windows of 512 of WikiText-2
 test, second half scored; one sweep, the command in WORKSPACE.md "Transform
 coding of keys"): 3.79 effective bits per element at 512 tokens, 3.21 at
 4096 (stored 3.125; the rest is the basis, codebooks and sink token), dPPL
-+1.61 [+1.32, +1.90] against the float32 cache, KL 0.0795.
++1.61 [+1.32, +1.90] against the float32 cache, KL 0.0795. At 4096 tokens
+(context curve, first 8 windows of 4096, second half scored,
+`runs/issue34/curve4096`): +1.43 [+1.22, +1.64] at 3.21 bits, KL 0.0830.
 
 Run: python -m experiments.run --config=tc3 \\
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw

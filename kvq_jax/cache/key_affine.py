@@ -156,18 +156,21 @@ class KeyAffine:
 
   @classmethod
   def stand_in(cls, num_kv_heads: int, head_dim: int, mode: str = "std",
-               rotated: bool = False, codebook_bits=()) -> KeyAffine:
+               rotated: bool | None = None, codebook_bits=()) -> KeyAffine:
     """An identity of the given shape, not a calibration: zero shift, unit
     scale, uniform codebooks over [-1, 1] for `codebook_bits`, the identity
-    rotation if `rotated`. Mode 'transform' is always rotated, carries
-    codebooks for widths 1..8 and an error table whose variances halve
+    rotation if `rotated` (None: only in mode 'transform', whose basis is
+    the usual case; False there: widths per native channel, no basis).
+    Mode 'transform' carries codebooks for widths 1..8 and an error table whose variances halve
     from one component to the next, so widths (and the codebooks charged)
     spread as calibrated ones do. For checks whose result does not depend
     on calibrated numbers: bytes, paged against contiguous."""
     shape = (num_kv_heads, head_dim)
     table = None
+    if rotated is None:
+      rotated = mode == "transform"
     if mode == "transform":
-      rotated, codebook_bits = True, range(1, 9)
+      codebook_bits = range(1, 9)
       table = (2.0 ** -np.arange(head_dim)[:, None]
                * 4.0 ** -np.arange(9)[None, :])
     eye = np.broadcast_to(np.eye(head_dim, dtype=np.float32),

@@ -47,6 +47,7 @@ from kvq_jax.quant import QuantSpec
 
 KEY_ROPE = ("post", "pre")
 WINDOW_DTYPES = ("bfloat16", "float16", "float32")
+COMPONENT_ALLOCATIONS = ("greedy", "equal")
 
 AttentionImpl = str | tuple[str, ...]
 
@@ -230,6 +231,11 @@ class CacheSpec:
       levels; an affine in transform mode instead gives `layer(i)` one
       width per component for the keys' budget (`KeyAffine.component_widths`)
       and its codebooks for those widths.
+    component_allocation: how a transform-mode affine spreads the keys'
+      bits over the components: "greedy" (default: the calibrated error
+      tables, `quant.bit_allocation.greedy_widths`) or "equal" (every
+      component `k.bits` bits with the affine's codebook for that width:
+      the basis without the allocation, an ablation).
     block_size: cache slots per block of the blockwise attention (XLA path);
       bounds the dequantized temporaries of a decode step.
     attention_impl: decode attention over the storage: "xla" | "pallas" | an
@@ -256,12 +262,17 @@ class CacheSpec:
   attention_impl: AttentionImpl = "xla"
   interpret: bool | None = None
   window_dtype: str = "bfloat16"
+  component_allocation: str = "greedy"
 
   def __post_init__(self):
     object.__setattr__(self, "attention_impl",
                        _attention_impl(self.attention_impl))
     _check_interpret(self.interpret)
     _check_window_dtype(self.window_dtype)
+    if self.component_allocation not in COMPONENT_ALLOCATIONS:
+      raise ValueError(
+          f"CacheSpec.component_allocation={self.component_allocation!r}: "
+          f"allowed: {', '.join(COMPONENT_ALLOCATIONS)}.")
     seed = self.rotation_seed
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
                              or seed < 0):
@@ -407,7 +418,8 @@ class CacheSpec:
     if self.key_affines and k is not None:
       affine = self.key_affines[index]
       widths = (affine.component_widths(k.bits)
-                if not k.has_scale and not k.component_bits else None)
+                if self.component_allocation == "greedy"
+                and not k.has_scale and not k.component_bits else None)
       if widths is not None:  # Transform coding: a width per component.
         books = tuple((w, affine.levels(w)) for w in sorted(set(widths))
                       if w and affine.levels(w))

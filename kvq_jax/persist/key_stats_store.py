@@ -76,12 +76,14 @@ def save_key_stats(path: str | os.PathLike, affines: Sequence[KeyAffine],
 
 def save_identity_key_stats(path: str | os.PathLike, num_layers: int,
                             num_kv_heads: int, head_dim: int,
-                            mode: str) -> pathlib.Path:
-  """`KeyAffine.stand_in` for every layer, in `mode`: a stand-in of a
-  model's shape for checks whose result does not depend on calibrated
-  numbers (a paged cache against a contiguous one, bytes). Not a
+                            mode: str, rotated: bool | None = None
+                            ) -> pathlib.Path:
+  """`KeyAffine.stand_in` for every layer, in `mode` (`rotated` as there):
+  a stand-in of a model's shape for checks whose result does not depend on
+  calibrated numbers (a paged cache against a contiguous one, bytes). Not a
   calibration: the metadata says so."""
-  affines = [KeyAffine.stand_in(num_kv_heads, head_dim, mode)] * num_layers
+  affines = [KeyAffine.stand_in(num_kv_heads, head_dim, mode, rotated)
+             ] * num_layers
   return save_key_stats(path, affines, {"identity": True})
 
 

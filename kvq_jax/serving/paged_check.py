@@ -140,11 +140,11 @@ def _with_key_stats(preset, config: ModelConfig, stand_in_root: pathlib.Path
   if not path or pathlib.Path(path).is_dir():
     return ""
   mode = "range" if preset.cache.k.scheme == "static" else "std"
-  mode = (recipe_shape(path) or (mode,))[0]
-  root = stand_in_root / mode
+  mode, rotated = recipe_shape(path) or (mode, None)
+  root = stand_in_root / (mode + ("-rotated" if rotated else ""))
   if not root.is_dir():
     save_identity_key_stats(root, config.num_layers, config.num_kv_heads,
-                            config.head_dim, mode)
+                            config.head_dim, mode, rotated)
   with preset.unlocked():
     preset.cache.key_stats = str(root)
   return f"{path} missing: identity {mode} key stats (same code path)"

@@ -170,7 +170,8 @@ def settings_from_config(config: ml_collections.ConfigDict
           key_affines=affines,
           block_size=cache.block_size,
           attention_impl=config.attention.impl,
-          window_dtype=cache.window_dtype)
+          window_dtype=cache.window_dtype,
+          component_allocation=cache.get("component_allocation", "greedy"))
     except ValueError as e:
       raise ValueError(f"config.cache: {e}") from e
   if config.attention.impl not in IMPLEMENTATIONS:

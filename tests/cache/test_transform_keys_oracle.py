@@ -3,7 +3,9 @@
 Spec: K static, 3 bits per component on average, in a transform-mode key
 affine (random orthogonal basis per kv head stored as int8 rows, shift,
 per-component scale, a width per component from the error table, one
-codebook per width), keys before RoPE; V full precision. The oracle
+codebook per width), keys before RoPE; V full precision. Again with
+`component_allocation='equal'` (every component 3 bits, the affine's
+3-bit codebook: the basis without the allocation). The oracle
 normalises each key in float64 with the stored basis, codes each
 component to the nearest level of its width's codebook (0 at width 0),
 reconstructs R^T (z' s) + shift, applies RoPE and attends in float64. It
@@ -15,6 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from kvq_jax.cache.quantized import QuantizedLayerCache
 from kvq_jax.cache.spec import CacheSpec
@@ -27,9 +30,17 @@ B, K, G, H, T = 1, 2, 2, 16, 11
 THETA = 10000.0
 ROPE = Rope(theta=THETA, rotary_dim=H)
 AFFINE = transform_affine(K, H, seed=3)
-SPEC = CacheSpec(k=QuantSpec("int3", "static", "per_token"), v=None,
-                 key_rope="pre", key_affines=(AFFINE,), block_size=8,
-                 window_dtype="float32").layer(0)
+
+
+def _spec(allocation="greedy"):
+  return CacheSpec(k=QuantSpec("int3", "static", "per_token"), v=None,
+                   key_rope="pre", key_affines=(AFFINE,), block_size=8,
+                   window_dtype="float32",
+                   component_allocation=allocation).layer(0)
+
+
+def _widths(spec):
+  return spec.k.component_bits or (spec.k.bits,) * H
 
 
 def _numpy_rope(x_TxKxH):
@@ -41,12 +52,11 @@ def _numpy_rope(x_TxKxH):
                          x2 * np.cos(ang) + x1 * np.sin(ang)], axis=-1)
 
 
-def _oracle_keys(k_TxKxH):
+def _oracle_keys(k_TxKxH, widths):
   shift, scale, codes, row_scale = (np.asarray(a, np.float64)
                                     for a in AFFINE.arrays())
   rot = codes * row_scale[..., None]  # [K, H, H], rows = components.
   z = np.einsum("kch,tkh->tkc", rot, k_TxKxH - shift) / scale
-  widths = SPEC.k.component_bits
   books = dict(AFFINE.codebooks)
   out = np.zeros_like(z)
   for c, w in enumerate(widths):
@@ -56,9 +66,9 @@ def _oracle_keys(k_TxKxH):
   return np.einsum("kch,tkc->tkh", rot, out * scale) + shift
 
 
-def _oracle(q, k, v, quantized=True):
+def _oracle(q, k, v, widths=None):
   k = k.astype(np.float64)
-  keys = _numpy_rope(_oracle_keys(k) if quantized else k)
+  keys = _numpy_rope(k if widths is None else _oracle_keys(k, widths))
   out = np.zeros((T, K * G, H))
   for i in range(T):
     for head in range(K * G):
@@ -74,16 +84,29 @@ def _attend(cache, q, k, v):
   return cache.attend(q, k, v, positions, ROPE)
 
 
-def test_decode_matches_the_numpy_oracle():
-  widths = SPEC.k.component_bits
-  assert sum(widths) == 3 * H and len(set(widths)) > 3 and 0 in widths
+def test_equal_allocation_is_one_codebook_for_every_component():
+  spec = _spec("equal")
+  assert spec.k.component_bits == () and spec.k.width_levels == ()
+  assert spec.k.levels == tuple(dict(AFFINE.codebooks)[3])
+  assert spec.key_affine is AFFINE  # The basis stays.
+  with pytest.raises(ValueError, match="component_allocation='even'.*"
+                     "allowed: greedy, equal"):
+    CacheSpec(component_allocation="even")
+
+
+@pytest.mark.parametrize("allocation", ["greedy", "equal"])
+def test_decode_matches_the_numpy_oracle(allocation):
+  spec = _spec(allocation)
+  widths = _widths(spec)
+  if allocation == "greedy":
+    assert sum(widths) == 3 * H and len(set(widths)) > 3 and 0 in widths
   rng = np.random.default_rng(0)
   q = rng.normal(size=(B, T, K * G, H)).astype(np.float32)
   k = (rng.normal(size=(B, T, K, H)) * 2).astype(np.float32)
   v = rng.normal(size=(B, T, K, H)).astype(np.float32)
-  want = _oracle(q[0], k[0], v[0])
+  want = _oracle(q[0], k[0], v[0], widths)
   for chunks in ((T,), (1,) * T, (4, 1, 6)):
-    cache = QuantizedLayerCache.create(SPEC, B, 16, K, H, jnp.float32)
+    cache = QuantizedLayerCache.create(spec, B, 16, K, H, jnp.float32)
     outs, pos = [], 0
     for size in chunks:
       out, cache = _attend(cache, *(jnp.asarray(x[:, pos:pos + size])
@@ -94,5 +117,5 @@ def test_decode_matches_the_numpy_oracle():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4,
                                err_msg=f"chunks={chunks}")
   # The test has teeth: full-precision keys give another answer.
-  fp = _oracle(q[0], k[0], v[0], quantized=False)
+  fp = _oracle(q[0], k[0], v[0])
   assert np.abs(fp - want).max() > 1e-2

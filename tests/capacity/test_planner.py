@@ -166,6 +166,23 @@ def test_transform_stand_in_charges_the_basis_and_codebooks():
           > rows["kq3"].effective_bits - rows["kq3"].stored_bits + 1.03)
 
 
+def test_channel_widths_recipe_is_stood_in_without_a_basis():
+  """ca3 ('auto:mode=transform', no rotation): the same spread of widths
+  as tc3, and exactly the 1.03 bits of tc3's basis less in constants."""
+  config = ARCHITECTURES["qwen2.5-7b"].config
+  kind = resolve_kind("ca3", config, CATALOG)
+  assert "transform mode)" in kind.note and "rotated" not in kind.note
+  assert kind.spec.layer(0).key_affine.rotation == ()
+  assert sum(kind.spec.layer(0).k.component_bits) == 3 * 128
+  rows = {r.kind: r for r in plan_capacity(CapacityRequest(
+      model="qwen2.5-7b", device_memory_gib=24, kinds=("tc3", "ca3"),
+      context=512)).rows}
+  assert rows["ca3"].stored_bits == rows["tc3"].stored_bits
+  basis_bits = 8 * (65536 + 2048) / (2 * 4 * 128 * 512)  # 1.03125
+  assert rows["tc3"].effective_bits - rows["ca3"].effective_bits == (
+      pytest.approx(basis_bits, abs=1e-9))
+
+
 @pytest.mark.parametrize("changes, match", [
     (dict(device_memory_gib=0), "device_memory_gib=0"),
     (dict(device_memory_gib=-8.0), "device_memory_gib"),

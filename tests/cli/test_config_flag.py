@@ -43,6 +43,8 @@ PRESET_BITS = {
     # Transform-coded keys: b x 64 bits per key vector spread over its
     # components (8b bytes) with int{b}_lm values.
     "tc4": (4.0 + 4.25) / 2, "tc3": (3.0 + 3.25) / 2, "tc2": (2.0 + 2.25) / 2,
+    # The same widths per native channel (no basis).
+    "ca4": (4.0 + 4.25) / 2, "ca3": (3.0 + 3.25) / 2, "ca2": (2.0 + 2.25) / 2,
 }
 # Fixed (capacity-independent) cache bytes per sequence, by hand: 30 layers x
 # 3 KV heads x 64 dims x 2 bytes (bfloat16 full-precision regions) x the
@@ -81,18 +83,21 @@ def test_available_presets_is_every_config_but_base():
   assert available_presets() == sorted(PRESET_BITS)
 
 
-def _transform_constants(spec: CacheSpec) -> int:
-  """tc presets, per layer: the V codebook, the key mean and std [3, 64]
-  (float32), the basis as int8 [3, 64, 64] with a float32 scale per row,
-  one uint8 width per component and a float32 codebook per width in use
-  (which widths the allocator chose is read from the spec); + the bfloat16
-  sink token of K and V."""
+def _transform_constants(spec: CacheSpec, basis: bool) -> int:
+  """tc and ca presets, per layer: the V codebook, the key mean and std
+  [3, 64] (float32), tc's basis as int8 [3, 64, 64] with a float32 scale
+  per row (ca has none), one uint8 width per component and a float32
+  codebook per width in use (which widths the allocator chose is read
+  from the spec); + the bfloat16 sink token of K and V."""
   total = 2 * _PER_SLOT
   for i in range(30):
-    k, v = spec.layer(i).k, spec.layer(i).v
+    layer = spec.layer(i)
+    k, v = layer.k, layer.v
     assert len(k.component_bits) == 64 and sum(k.component_bits) == 64 * k.bits
     assert {w for w, _ in k.width_levels} == set(k.component_bits) - {0}
-    total += (4 * 2 ** v.bits + 2 * 3 * 64 * 4 + 3 * 64 * 64 + 3 * 64 * 4
+    assert bool(layer.key_affine.rotation) == basis
+    total += (4 * 2 ** v.bits + 2 * 3 * 64 * 4
+              + (3 * 64 * 64 + 3 * 64 * 4 if basis else 0)
               + 64 + sum(4 * 2 ** w for w, _ in k.width_levels))
   return total
 
@@ -127,8 +132,8 @@ def test_preset_loads_locked_and_converts(name, key_stats_dir):
   # constants (codebooks, key statistics), by hand.
   if name.startswith(("tqmix", "kqmix")):
     assert fixed == _mix_constants(spec)
-  elif name.startswith("tc"):
-    assert fixed == _transform_constants(spec)
+  elif name.startswith(("tc", "ca")):
+    assert fixed == _transform_constants(spec, basis=name.startswith("tc"))
   else:
     assert fixed == PRESET_FIXED_BYTES.get(name, 0)
 
@@ -153,6 +158,17 @@ def test_override_on_the_command_line():
   assert config.eval.window_len == 64
   spec = settings_from_config(config).cache_spec
   assert spec.k.format == "int8" and spec.v.format == "int4"
+
+
+def test_equal_allocation_override_reaches_the_layers(key_stats_dir):
+  config = load_preset("tc3")
+  config.cache.key_stats = key_stats_dir["transform"]
+  config.cache.component_allocation = "equal"
+  k = settings_from_config(config).cache_spec.layer(0).k
+  assert k.component_bits == () and k.bits == 3 and len(k.levels) == 8
+  config.cache.component_allocation = "even"
+  with pytest.raises(ValueError, match="allowed: greedy, equal"):
+    settings_from_config(config)
 
 
 def test_preset_given_by_path():
