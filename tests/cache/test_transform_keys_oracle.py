@@ -5,7 +5,8 @@ affine (random orthogonal basis per kv head stored as int8 rows, shift,
 per-component scale, a width per component from the error table, one
 codebook per width), keys before RoPE; V full precision. Again with
 `component_allocation='equal'` (every component 3 bits, the affine's
-3-bit codebook: the basis without the allocation). The oracle
+3-bit codebook: the basis without the allocation) and with no basis (the
+components are the channels: the ca presets). The oracle
 normalises each key in float64 with the stored basis, codes each
 component to the nearest level of its width's codebook (0 at width 0),
 reconstructs R^T (z' s) + shift, applies RoPE and attends in float64. It
@@ -30,11 +31,12 @@ B, K, G, H, T = 1, 2, 2, 16, 11
 THETA = 10000.0
 ROPE = Rope(theta=THETA, rotary_dim=H)
 AFFINE = transform_affine(K, H, seed=3)
+CHANNELS = transform_affine(K, H, seed=3, rotated=False)
 
 
-def _spec(allocation="greedy"):
+def _spec(allocation="greedy", affine=AFFINE):
   return CacheSpec(k=QuantSpec("int3", "static", "per_token"), v=None,
-                   key_rope="pre", key_affines=(AFFINE,), block_size=8,
+                   key_rope="pre", key_affines=(affine,), block_size=8,
                    window_dtype="float32",
                    component_allocation=allocation).layer(0)
 
@@ -52,12 +54,15 @@ def _numpy_rope(x_TxKxH):
                          x2 * np.cos(ang) + x1 * np.sin(ang)], axis=-1)
 
 
-def _oracle_keys(k_TxKxH, widths):
-  shift, scale, codes, row_scale = (np.asarray(a, np.float64)
-                                    for a in AFFINE.arrays())
-  rot = codes * row_scale[..., None]  # [K, H, H], rows = components.
+def _oracle_keys(k_TxKxH, widths, affine):
+  arrays = [np.asarray(a, np.float64) for a in affine.arrays()]
+  shift, scale = arrays[:2]
+  if len(arrays) == 4:  # The basis: int8 rows and a scale per row.
+    rot = arrays[2] * arrays[3][..., None]  # [K, H, H], rows = components.
+  else:
+    rot = np.broadcast_to(np.eye(H), (K, H, H))
   z = np.einsum("kch,tkh->tkc", rot, k_TxKxH - shift) / scale
-  books = dict(AFFINE.codebooks)
+  books = dict(affine.codebooks)
   out = np.zeros_like(z)
   for c, w in enumerate(widths):
     if w:
@@ -66,9 +71,9 @@ def _oracle_keys(k_TxKxH, widths):
   return np.einsum("kch,tkc->tkh", rot, out * scale) + shift
 
 
-def _oracle(q, k, v, widths=None):
+def _oracle(q, k, v, widths=None, affine=AFFINE):
   k = k.astype(np.float64)
-  keys = _numpy_rope(k if widths is None else _oracle_keys(k, widths))
+  keys = _numpy_rope(k if widths is None else _oracle_keys(k, widths, affine))
   out = np.zeros((T, K * G, H))
   for i in range(T):
     for head in range(K * G):
@@ -94,9 +99,12 @@ def test_equal_allocation_is_one_codebook_for_every_component():
     CacheSpec(component_allocation="even")
 
 
-@pytest.mark.parametrize("allocation", ["greedy", "equal"])
-def test_decode_matches_the_numpy_oracle(allocation):
-  spec = _spec(allocation)
+@pytest.mark.parametrize("allocation, affine", [
+    ("greedy", AFFINE), ("equal", AFFINE), ("greedy", CHANNELS)],
+                         ids=["basis_widths", "basis_equal", "channel_widths"])
+def test_decode_matches_the_numpy_oracle(allocation, affine):
+  spec = _spec(allocation, affine)
+  assert bool(spec.key_affine.rotation) == (affine is AFFINE)
   widths = _widths(spec)
   if allocation == "greedy":
     assert sum(widths) == 3 * H and len(set(widths)) > 3 and 0 in widths
@@ -104,7 +112,7 @@ def test_decode_matches_the_numpy_oracle(allocation):
   q = rng.normal(size=(B, T, K * G, H)).astype(np.float32)
   k = (rng.normal(size=(B, T, K, H)) * 2).astype(np.float32)
   v = rng.normal(size=(B, T, K, H)).astype(np.float32)
-  want = _oracle(q[0], k[0], v[0], widths)
+  want = _oracle(q[0], k[0], v[0], widths, affine)
   for chunks in ((T,), (1,) * T, (4, 1, 6)):
     cache = QuantizedLayerCache.create(spec, B, 16, K, H, jnp.float32)
     outs, pos = [], 0

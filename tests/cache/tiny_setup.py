@@ -55,9 +55,10 @@ ST4_O1 = QuantSpec("int4", "static", "per_token", outliers=1)
 ST3 = QuantSpec("int3", "static", "per_token")
 
 
-def transform_affine(kv_heads: int = 2, head_dim: int = 16, seed: int = 0
-                     ) -> KeyAffine:
-  """A transform-mode key affine (issue 34): random orthogonal bases,
+def transform_affine(kv_heads: int = 2, head_dim: int = 16, seed: int = 0,
+                     rotated: bool = True) -> KeyAffine:
+  """A transform-mode key affine (issue 34): random orthogonal bases (none
+  if not `rotated`: the components are the channels, as the ca presets'),
   component variances falling 2x a component (so the allocation is
   unequal: 6 bits down to 0 at a 3-bit budget), codebooks 1..8."""
   rng = np.random.default_rng(seed)
@@ -69,7 +70,8 @@ def transform_affine(kv_heads: int = 2, head_dim: int = 16, seed: int = 0
       rng.normal(size=(kv_heads, head_dim)) * 0.3,
       np.sqrt(np.broadcast_to(var, (kv_heads, head_dim))) * 2.0,
       mode="transform", codebooks=books,
-      rotation_KxHxH=np.swapaxes(basis, 1, 2), distortion_Hx9=table)
+      rotation_KxHxH=np.swapaxes(basis, 1, 2) if rotated else None,
+      distortion_Hx9=table)
 INT4_G8_ASYM_O1 = QuantSpec("int4", "asymmetric", "per_group", 8, outliers=1)
 
 # name -> (config name, CacheSpec). Kept short: every spec costs two
