@@ -12,7 +12,9 @@ Fields (override any with --config.FIELD=VALUE):
   cache.k, cache.v type (none | int | fp8_e4m3 | fp8_e5m2), bits (int: 8, 5,
                    4, 3, 2), scheme (symmetric: all 2^bits levels, q4_0's
                    rule | symmetric_narrow: 2^bits - 1 levels, q8_0's |
-                   asymmetric | lloyd_max | static: no scale, calibrated
+                   asymmetric | lloyd_max | vector: one 8-bit index per
+                   8 // bits elements into a 256-vector codebook, int4 and
+                   int2 | static: no scale, calibrated
                    key ranges, see configs/kq4.py), granularity (per_token
                    | per_group | per_channel), group_size (0 = none),
                    clip_ratio, scale_dtype, rounding (kvq: scales rounded
@@ -173,3 +175,14 @@ def channel_widths_config(k_bits: int, v_bits: int
   weighted) error tables, each width with its own codebook; no rotation
   is stored or charged."""
   return transform_keys_config(k_bits, v_bits, key_stats=CHANNEL_STATS)
+
+
+def channel_widths_mix(layer_overrides: str) -> ml_collections.ConfigDict:
+  """The cvmix presets (issue 34): ca3 (`channel_widths_config(3, 3)`)
+  with per-layer K/V formats from `experiments.allocate` in
+  `layer_overrides`: keys among int4_st..int2_st (a width per channel),
+  values among int4_vq, int3_lm and int2_vq (vector codes after the
+  randomised Hadamard)."""
+  c = channel_widths_config(3, 3)
+  c.cache.layer_overrides = layer_overrides
+  return c

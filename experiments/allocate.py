@@ -9,8 +9,10 @@ Writes DIR/allocated_<budget>.py (a preset: predicted damage in its
 docstring) and prints the allocation; verify the prediction with
   python -m experiments.run --config=DIR/allocated_<budget>.py
 Costs are effective bits at the table's window length (sinks, residual and
-per-channel windows charged in the window dtype; tables written before
-that field existed fall back to stored bits, and say so). Candidates other
+per-channel windows charged in the window dtype, and each format's
+per-layer constants: calibrated levels, the key affine, a share of a
+fixed codebook, --nocharge_constants to leave them out; tables written
+before that field existed fall back to stored bits, and say so). Candidates other
 than fp must have been measured by
 experiments.layer_sensitivity (the preset's format and its --formats);
 several tables of the same model and windows are merged (e.g. an int4_g32
@@ -23,7 +25,9 @@ from absl import app
 from absl import flags
 
 from kvq_jax.cli import log_setup
+from kvq_jax.facade import model_config
 from kvq_jax.research import allocator
+from kvq_jax.research import format_constants
 from kvq_jax.research import preset_writer
 from kvq_jax.research.sensitivity_table import load_json, merge_tables
 
@@ -38,8 +42,19 @@ _K_FORMATS = flags.DEFINE_list(
 _V_FORMATS = flags.DEFINE_list("v_formats", None, "V candidates (as K)")
 _METRIC = flags.DEFINE_enum("metric", "delta_ppl", allocator.DAMAGE_METRICS,
                             "damage measure to minimise")
+_CONSTANTS = flags.DEFINE_bool(
+    "charge_constants", True, "add each format's per-layer constants "
+    "(calibrated levels, key affine, a share of a fixed codebook) at the "
+    "table's context, as capacity.memory charges them")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "where the preset goes (default: beside the table)")
+
+
+def _mean_over_layers(constants: dict) -> dict:
+  sums = {}
+  for (tensor, _, fmt), bits in constants.items():
+    sums.setdefault((tensor, fmt), []).append(bits)
+  return {key: sum(v) / len(v) for key, v in sums.items()}
 
 
 def main(argv):
@@ -55,11 +70,23 @@ def main(argv):
   print("costs: " + (f"effective bits at {slots.context} tokens" if slots
                      else "stored bits (the table predates "
                      "full_precision_slots; sinks and windows not charged)"))
+  k_formats = _K_FORMATS.value or default
+  v_formats = _V_FORMATS.value or default
+  constants = tables = None
+  if slots and _CONSTANTS.value:
+    constants, tables = format_constants.table_constant_bits(
+        meta, model_config(meta["model"]), k_formats, v_formats)
+    print("per-layer constants charged (mean over layers, bits/element): "
+          + ", ".join(f"{t} {f} {v:.4f}" for (t, f), v in
+                      _mean_over_layers(constants).items()))
+    print("fixed codebooks, once per model (bits on the mean): "
+          + (", ".join(f"{f} {b:.4f}" for f, (_, b) in tables.items())
+             or "none"))
   allocation = allocator.allocate(
       allocator.damage_table(table, _METRIC.value), meta["num_layers"],
-      _K_FORMATS.value or default, _V_FORMATS.value or default,
-      _BUDGET.value, head_dim=meta["head_dim"], fp_bits=meta["fp_bits"],
-      metric=_METRIC.value, slots=slots)
+      k_formats, v_formats, _BUDGET.value, head_dim=meta["head_dim"],
+      fp_bits=meta["fp_bits"], metric=_METRIC.value, slots=slots,
+      constant_bits=constants, fixed_tables=tables)
   workdir = pathlib.Path(_WORKDIR.value or pathlib.Path(paths[0]).parent)
   path = preset_writer.write_preset(
       workdir / f"allocated_{_BUDGET.value:g}.py", allocation, table,

@@ -12,7 +12,9 @@ Hadamard, sink); every grid point sets K and V to FORMAT x GROUP x SCHEME
 (group 0 = per_token) with residual R. Invalid combinations are logged and
 listed in the CSV as skipped. --points adds named points (presets or
 KSPEC[/VSPEC][:pre|post|hadk|hadv|had|rN|sN], see kvq_jax/sweep/points.py).
-Outputs: WORKDIR/sweep.csv, WORKDIR/pareto.png, WORKDIR/config.json.
+--pairs=A:B,... compares two points window by window (paired, same
+windows): WORKDIR/pairs.csv. Outputs: WORKDIR/sweep.csv, WORKDIR/pareto.png,
+WORKDIR/config.json, WORKDIR/per_window.npz.
 """
 
 from absl import app
@@ -37,6 +39,8 @@ _SCHEMES = flags.DEFINE_list("schemes", ["sym", "asym"],
 _RESIDUALS = flags.DEFINE_list("residuals", ["0"],
                                "full-precision residual windows (tokens)")
 _POINTS = flags.DEFINE_list("points", [], "named points (module docstring)")
+_PAIRS = flags.DEFINE_list("pairs", [], "A:B point names compared window by "
+                           "window (paired ΔNLL difference)")
 
 
 def main(argv):
@@ -48,7 +52,8 @@ def main(argv):
       group_sizes=int_list(_GROUP_SIZES),
       schemes=tuple(_SCHEMES.value),
       residuals=int_list(_RESIDUALS),
-      points=tuple(_POINTS.value))
+      points=tuple(_POINTS.value),
+      pairs=tuple(_PAIRS.value))
   # Key-stats recipes of the preset and the points resolve for the run's
   # model and text (calibration.auto_key_stats).
   auto_key_stats.resolves_for_run(run_sweep)(

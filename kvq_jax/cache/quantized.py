@@ -74,6 +74,7 @@ from kvq_jax.kernels.dispatch import (choose_implementation,
                                       resolve_interpret)
 from kvq_jax.models.rope import Rope
 from kvq_jax.quant import (QuantizedArray, QuantSpec, constant_arrays,
+                           has_fixed_table,
                            dequantize, quantize)
 from kvq_jax.quant.planes import dequantize_planes, nonfinite_rows, plane_count
 
@@ -365,11 +366,19 @@ def check_key_affine(spec: LayerSpec, num_kv_heads: int,
 
 def layer_constants(spec: LayerSpec, head_dim: int) -> list:
   """The per-layer constant arrays of a quantized layer (see
-  `QuantizedLayerCache.constant_leaves`)."""
-  out = constant_arrays(spec.k, head_dim) + constant_arrays(spec.v, head_dim)
+  `QuantizedLayerCache.constant_leaves`): calibrated, this layer's own."""
+  out = [a for q in (spec.k, spec.v) if not has_fixed_table(q)
+         for a in constant_arrays(q, head_dim)]
   if spec.key_affine is not None:
     out += spec.key_affine.arrays()
   return out
+
+
+def layer_fixed_tables(spec: LayerSpec, head_dim: int) -> list:
+  """The format-fixed codebooks a quantized layer reads (see
+  `QuantizedLayerCache.fixed_tables`): one copy per model."""
+  return [a for q in (spec.k, spec.v) if has_fixed_table(q)
+          for a in constant_arrays(q, head_dim)]
 
 
 def storage_rows(e_KxLxH: jax.Array, qspec: QuantSpec | None,
@@ -483,11 +492,16 @@ class QuantizedLayerCache:
     return [self.window_k, self.window_v, self.sink_k, self.sink_v]
 
   def constant_leaves(self) -> list[jax.Array]:
-    """Per-layer constants a format stores (Lloyd-Max codebooks, the key
-    affine's shift and scale); charged by `capacity.memory`. The
+    """Per-layer constants a format stores (calibrated levels and widths,
+    the key affine's shift and scale); charged by `capacity.memory`. The
     randomised rotation's signs are regenerated from the seed and cost
     nothing."""
     return layer_constants(self.spec, self.window_k.shape[-1])
+
+  def fixed_tables(self) -> list[jax.Array]:
+    """Codebooks fixed by the format (Lloyd-Max, vector): the same in
+    every layer, charged once per model by `capacity.memory`."""
+    return layer_fixed_tables(self.spec, self.window_k.shape[-1])
 
   # -- writing -------------------------------------------------------------
 

@@ -70,6 +70,7 @@ from kvq_jax.cache.quantized import (Store, attention_output, check_key_affine,
                                      check_positions, committed_end,
                                      empty_store, fresh_tokens, incoming_tokens,
                                      keys_for_scores, layer_constants,
+                                     layer_fixed_tables,
                                      map_store, read_store, round_up,
                                      scaled_queries, token_group)
 from kvq_jax.cache.sliding import check_window, ring_update
@@ -191,8 +192,13 @@ class SlidingQuantizedLayerCache:
     return [self.window_k, self.window_v]
 
   def constant_leaves(self) -> list[jax.Array]:
-    """Per-layer constants (codebooks, key affine), as the linear cache's."""
+    """Per-layer constants (calibrated codebooks, key affine), as the
+    linear cache's."""
     return layer_constants(self.spec, self.window_k.shape[-1])
+
+  def fixed_tables(self) -> list[jax.Array]:
+    """Format-fixed codebooks, as the linear cache's."""
+    return layer_fixed_tables(self.spec, self.window_k.shape[-1])
 
   def _decode_impl(self) -> str:
     """'xla' (trace time): a ring cannot feed the Pallas kernel, so an

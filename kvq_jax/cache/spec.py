@@ -165,7 +165,7 @@ class LayerSpec:
               "QuantizedArray storage for both.")
     for name, spec in (("k", self.k), ("v", self.v)):
       if spec.is_codebook:
-        return (f"{name}.scheme='lloyd_max': the decode kernel dequantizes "
+        return (f"{name}.scheme={spec.scheme!r}: the decode kernel dequantizes "
                 "with a scale and an offset, not a codebook lookup.")
       if not spec.has_scale:
         return (f"{name}.scheme='static': the decode kernel reads a stored "

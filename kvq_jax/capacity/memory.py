@@ -17,8 +17,10 @@ allocated). Two figures:
   where sinks are dropped, S = 0), so a local layer's cost stops growing
   once its window is full: a constant, at most about W + the
   full-precision window tokens, and exactly a global layer's cost while
-  T <= W. Per-layer constants (codebooks, calibrated ranges) are added by
-  caches that have them (`constant_leaves`). Effective bits per element =
+  T <= W. Per-layer constants (calibrated codebooks and ranges) are added
+  by caches that have them (`constant_leaves`); a format's fixed codebook
+  (Lloyd-Max or vector codes of N(0, 1) data, `fixed_tables`) is the same
+  in every layer, stored once per model and charged once. Effective bits per element =
   8 * bytes / (2 * kv_heads * head_dim * sum over layers of the tokens each
   layer holds): T on a global layer, min(T, W) on a local one, so a dense
   bfloat16 cache is 16 bits at every T and a model with sliding-window
@@ -37,11 +39,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kvq_jax.cache.dense import DenseLayerCache
 from kvq_jax.cache.factory import init_cache
@@ -65,6 +69,19 @@ BASELINE_KEYS = ("kv_bytes_per_token_baseline", "kv_bytes_per_token_bf16",
 
 def _nbytes(leaves) -> int:
   return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in leaves)
+
+
+def _first_use(tables, seen: set) -> list:
+  """The format-fixed tables no earlier layer reads (adds them to
+  `seen`): one copy serves the whole model."""
+  out = []
+  for table in tables:
+    a = np.ascontiguousarray(table)
+    key = (a.dtype.str, a.shape, hashlib.sha256(a.tobytes()).hexdigest())
+    if key not in seen:
+      seen.add(key)
+      out.append(table)
+  return out
 
 
 def cache_bytes(config: ModelConfig, spec: CacheSpec | None,
@@ -146,7 +163,7 @@ def _costs(config: ModelConfig, spec: CacheSpec | None, dtype_name: str
            ) -> tuple[tuple[bool, tuple[_TensorCost, ...]], ...]:
   """Per layer: (is local, the costs of its tensors), per-layer constants
   as a tensor (0, 0, bytes, ring)."""
-  out = []
+  out, seen = [], set()
   cache = jax.eval_shape(lambda: init_cache(config, 1, _PROBE_SLOTS, spec,
                                             jnp.dtype(dtype_name)))
   for layer in cache:
@@ -167,7 +184,8 @@ def _costs(config: ModelConfig, spec: CacheSpec | None, dtype_name: str
         ring_bytes = _nbytes(jax.tree_util.tree_leaves(store))
         tensors.append(_TensorCost(ring_bytes / ring, window.shape[2],
                                    _nbytes([window]), ring, ring_bytes))
-      tensors.append(_TensorCost(0.0, 0, _nbytes(layer.constant_leaves())))
+      tensors.append(_TensorCost(0.0, 0, _nbytes(
+          layer.constant_leaves() + _first_use(layer.fixed_tables(), seen))))
       out.append((True, tuple(tensors)))
     else:
       slots = layer.allocated_slots
@@ -179,7 +197,8 @@ def _costs(config: ModelConfig, spec: CacheSpec | None, dtype_name: str
         tensors.append(_TensorCost(
             _nbytes(jax.tree_util.tree_leaves(store)) / slots,
             window.shape[2] + sink.shape[2], _nbytes([window, sink])))
-      tensors.append(_TensorCost(0.0, 0, _nbytes(layer.constant_leaves())))
+      tensors.append(_TensorCost(0.0, 0, _nbytes(
+          layer.constant_leaves() + _first_use(layer.fixed_tables(), seen))))
       out.append((False, tuple(tensors)))
   return tuple(out)
 

@@ -44,6 +44,10 @@ class EvalResult:
   window_len: int
   num_scored_tokens: int
   paired: PairedStats | None = None
+  # Per window, the sum of nll_quant - nll_base over its scored tokens
+  # (None for a baseline-only run): what `sweep.pairs` pairs two points on.
+  delta_nll_sums_W: np.ndarray | None = dataclasses.field(
+      default=None, compare=False)
 
   def metrics(self) -> dict[str, float | int]:
     out = {
@@ -161,5 +165,8 @@ def evaluate_many(windows_WxT: np.ndarray, mask_T: np.ndarray,
         kl_mean=None if paired is None else paired.kl.mean,
         top1_agreement=None if paired is None else paired.top1.mean,
         num_windows=num_windows, window_len=window_len,
-        num_scored_tokens=int(per_window["nll_base"].size), paired=paired)
+        num_scored_tokens=int(per_window["nll_base"].size), paired=paired,
+        delta_nll_sums_W=None if name is None else np.sum(
+            per_window["nll_quant"].astype(np.float64)
+            - per_window["nll_base"], axis=1))
   return results

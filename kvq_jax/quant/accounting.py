@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kvq_jax.quant import codebook
+from kvq_jax.quant import codebook, vector_codebook
 
 from kvq_jax.quant.quantized_array import QuantizedArray
 from kvq_jax.quant.spec import QuantSpec
@@ -70,10 +70,13 @@ def cache_bits_per_element(spec: QuantSpec, head_dim: int) -> float:
 
 def constant_arrays(spec: QuantSpec | None, last_dim: int) -> list[np.ndarray]:
   """Per-tensor constants a format needs besides its leaves: the Lloyd-Max
-  codebook (2^bits float32 centroids) of a lloyd_max spec, a static spec's
+  codebook (2^bits float32 centroids) of a lloyd_max spec, the 256-vector
+  table (float32 [256, 8 // bits]) of a vector spec, a static spec's
   calibrated levels (float32), a transform-coded spec's widths (uint8) and
-  codebook per width (float32), else none. Charged once per layer by
-  `kvq_jax.capacity.memory`."""
+  codebook per width (float32), else none. Charged by
+  `kvq_jax.capacity.memory`: once per layer, except a fixed table
+  (`has_fixed_table`), which is the same in every layer and charged once
+  per model."""
   if spec is not None and spec.levels:
     return [np.asarray(spec.levels, np.float32)]
   if spec is not None and spec.component_bits:  # The widths, and codebooks.
@@ -81,7 +84,17 @@ def constant_arrays(spec: QuantSpec | None, last_dim: int) -> list[np.ndarray]:
         np.asarray(levels, np.float32) for _, levels in spec.width_levels]
   if spec is None or not spec.is_codebook:
     return []
+  if spec.is_vector:
+    return [vector_codebook.centroids(spec.bits)]
   return [codebook.centroids(spec.bits, spec.elements_per_group(last_dim))]
+
+
+def has_fixed_table(spec: QuantSpec | None) -> bool:
+  """Whether `constant_arrays(spec)` is a table fixed by the format alone
+  (the Lloyd-Max or vector codebook of N(0, 1) data, a function of bits and
+  group size), not calibrated: one copy serves every layer that uses it."""
+  return (spec is not None and spec.is_codebook and not spec.levels
+          and not spec.component_bits)
 
 
 def nbytes(qa: QuantizedArray) -> int:

@@ -54,6 +54,16 @@ The codebook is a per-format constant (2^b float32 values for every group
 size in use); non-finite values follow the policy below (+-Inf take the
 outer codes, NaN the code of 0.0).
 
+Vector (scheme vector; c = 8 / b elements per index, C the 256 x c table
+of `kvq_jax.quant.vector_codebook`): y as for Lloyd-Max, clipped to
+[-1e4, 1e4] (+-Inf saturate, NaN is 0.0), then each c consecutive elements
+y_j of a group take the index of the nearest codeword,
+  u_j   = argmin_m |y_j - C[m]|^2       (ties: the lower index)
+  scale = nearest(sum(x * C[u]) / sum(C[u]^2))   (least squares, as above)
+  x'    = C[u] * scale
+stored as one uint8 per c elements (stored bits b per element, like the
+other formats; the table is one 4 KB (int2) or 2 KB (int4) constant).
+
 Static (scheme static; no stored scale; L = 2^b levels over the fixed range
 [-r, r], mid-rise, for tensors already normalised by calibrated ranges):
   u     = clip(floor((x / r + 1) * L / 2), 0, L - 1)
@@ -135,7 +145,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kvq_jax.quant import codebook, component_codes, packing
+from kvq_jax.quant import codebook, component_codes, packing, vector_codebook
 from kvq_jax.quant.quantized_array import QuantizedArray
 from kvq_jax.quant.spec import QuantSpec
 
@@ -249,6 +259,25 @@ def _quantize_lloyd_max(xg, finite, x_nan0, grouping, spec: QuantSpec):
   return _nearest(scale, spec.scale_jnp_dtype), None, u
 
 
+def _quantize_vector(xg, finite, x_nan0, grouping, spec: QuantSpec):
+  """(scale, None, indices [..., groups, g / c]) for scheme='vector'."""
+  d = _group_len(xg.shape, grouping)
+  c = spec.vector_dim
+  table = jnp.asarray(vector_codebook.centroids(spec.bits))  # [256, c]
+  x_fin = jnp.where(finite, xg, 0.0)
+  norm = jnp.sqrt(_reduce(jnp.sum, x_fin * x_fin, grouping))
+  y = x_nan0 * (jnp.float32(d) ** 0.5 / jnp.where(norm > 0, norm, 1.0))
+  y = jnp.clip(y, -1e4, 1e4).reshape(xg.shape[:-1] + (d // c, c))
+  dist = (jnp.sum(y * y, -1, keepdims=True) - 2.0 * (y @ table.T)
+          + jnp.sum(table * table, -1))
+  u = jnp.argmin(dist, axis=-1).astype(jnp.uint8)
+  cu = table[u].reshape(xg.shape)
+  num = _reduce(jnp.sum, jnp.where(finite, x_fin * cu, 0.0), grouping)
+  den = _reduce(jnp.sum, cu * cu, grouping)
+  scale = jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+  return _nearest(scale, spec.scale_jnp_dtype), None, u
+
+
 def _quantize_static(x_nan0, spec: QuantSpec):
   """(None, None, codes) for scheme='static' (module docstring)."""
   if spec.component_bits:
@@ -291,6 +320,8 @@ def split_outliers(x: jax.Array, spec: QuantSpec):
 
 def _quantize_kvq(xg, finite, x_nan0, grouping, spec: QuantSpec):
   """(scale, zero or None, codes) for rounding='kvq' (module docstring)."""
+  if spec.is_vector:
+    return _quantize_vector(xg, finite, x_nan0, grouping, spec)
   if spec.is_codebook:
     return _quantize_lloyd_max(xg, finite, x_nan0, grouping, spec)
   if spec.scheme == "static":
@@ -390,10 +421,13 @@ def quantize(x: jax.Array, spec: QuantSpec) -> QuantizedArray:
   x_nan0 = jnp.where(jnp.isnan(xg), 0.0, xg)
   fn = _quantize_ggml if spec.rounding == "ggml" else _quantize_kvq
   scale, zero, codes = fn(xg, finite, x_nan0, grouping, spec)
-  codes = codes.reshape(shape)
-  if spec.component_bits:
+  if spec.is_vector:  # One uint8 index per vector_dim elements: the data.
+    data = codes.reshape(shape[:-1] + (shape[-1] // spec.vector_dim,))
+  elif spec.component_bits:
+    codes = codes.reshape(shape)
     data = component_codes.pack_widths(codes, spec.component_bits)
   else:
+    codes = codes.reshape(shape)
     data = codes if spec.is_float else packing.pack(codes, spec.bits)
   return QuantizedArray(
       data=data, scale=None if scale is None else _stored(scale, grouping),
@@ -419,6 +453,8 @@ def dequantize(qa: QuantizedArray, dtype=None) -> jax.Array:
   elif not spec.has_scale:
     out = _static_values(packing.unpack(qa.data, spec.bits), spec)
     return _with_outliers(out, qa).astype(out_dtype)
+  elif spec.is_vector:
+    vals = jnp.asarray(vector_codebook.centroids(spec.bits))[qa.data]
   elif spec.is_codebook:
     d = _group_len(grouping[0], grouping)
     vals = jnp.asarray(codebook.centroids(spec.bits, d))[

@@ -39,6 +39,11 @@ FORMATS = ("int8", "int5", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2")
 #   Lloyd-Max codebook of a rotated unit vector's coordinates
 #   (`kvq_jax.quant.codebook`); int5/int4/int3/int2, groups along the last
 #   axis (per_token or per_group), meant for Hadamard-rotated tensors.
+# vector: one scale per group (a least-squares norm) and one 8-bit index per
+#   8 // bits consecutive elements into a 256-entry codebook in R^(8 // bits)
+#   (`kvq_jax.quant.vector_codebook`: k-means of a Gaussian); int4 (pairs)
+#   and int2 (quadruples), groups along the last axis, for Hadamard-rotated
+#   tensors like lloyd_max.
 # static: no stored scale; 2^b fixed levels: uniform mid-rise over [-r, r]
 #   (r = clip_ratio), or `levels` (a calibrated codebook, KVQuant's nuq),
 #   for tensors already normalised by calibrated per-channel ranges
@@ -46,8 +51,9 @@ FORMATS = ("int8", "int5", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2")
 #   formats, per_token.
 # See `kvq_jax.quant.quantize` for the arithmetic.
 SCHEMES = ("symmetric", "symmetric_narrow", "asymmetric", "lloyd_max",
-           "static")
+           "static", "vector")
 LLOYD_MAX_FORMATS = ("int5", "int4", "int3", "int2")
+VECTOR_FORMATS = ("int4", "int2")
 GRANULARITIES = ("per_tensor", "per_token", "per_channel", "per_group")
 SCALE_DTYPES = ("float32", "bfloat16", "float16")
 # kvq: the project's rounding (scale rounded up into scale_dtype, codes from
@@ -80,7 +86,10 @@ class QuantSpec:
       group's element count; int5..int2, per_token or per_group along the
       last axis, rounding kvq, clip_ratio 1) or "static" (no scale at all:
       uniform codes over the fixed range [-clip_ratio, clip_ratio]; integer
-      formats, per_token, rounding kvq), or over `levels` when given.
+      formats, per_token, rounding kvq), or over `levels` when given, or
+      "vector" (scale only; one uint8 index per 8 // bits elements into
+      `kvq_jax.quant.vector_codebook`'s table; int4 and int2, otherwise as
+      lloyd_max).
     granularity: one of `GRANULARITIES` (see the module docstring).
     group_size: per_group: elements per group along `group_axis` (required).
       per_channel: tokens per group along `group_axis` (None: the whole axis).
@@ -174,7 +183,7 @@ class QuantSpec:
       self._validate_ggml()
     self._validate_group_size()
     self._validate_axis()
-    if self.scheme == "lloyd_max":
+    if self.scheme in ("lloyd_max", "vector"):
       self._validate_lloyd_max()
     if self.scheme == "static":
       self._validate_static()
@@ -272,10 +281,13 @@ class QuantSpec:
           + ".")
 
   def _validate_lloyd_max(self):
+    """Checks a codebook scheme: lloyd_max or vector."""
+    allowed = (VECTOR_FORMATS if self.scheme == "vector"
+               else LLOYD_MAX_FORMATS)
     problems = []
-    if self.format not in LLOYD_MAX_FORMATS:
+    if self.format not in allowed:
       problems.append(f"format={self.format!r} (allowed: "
-                      f"{_allowed(LLOYD_MAX_FORMATS)})")
+                      f"{_allowed(allowed)})")
     if self.granularity not in ("per_token", "per_group"):
       problems.append(f"granularity={self.granularity!r} (allowed: "
                       "per_token, per_group)")
@@ -287,9 +299,14 @@ class QuantSpec:
     if self.clip_ratio != 1.0:
       problems.append(f"clip_ratio={self.clip_ratio!r} (allowed: 1.0; the "
                       "codebook's outer cells already bound the range)")
+    if (self.scheme == "vector" and self.granularity == "per_group"
+        and self.group_size and self.format in VECTOR_FORMATS
+        and self.group_size % (8 // self.bits)):
+      problems.append(f"group_size={self.group_size} (allowed: a multiple "
+                      f"of {8 // self.bits}, the elements of one index)")
     if problems:
       raise ValueError(
-          "QuantSpec.scheme='lloyd_max' does not support "
+          f"QuantSpec.scheme={self.scheme!r} does not support "
           + "; ".join(problems) + ".")
 
   def _validate_ggml(self):
@@ -364,8 +381,19 @@ class QuantSpec:
 
   @property
   def is_codebook(self) -> bool:
-    """Codes index a Lloyd-Max codebook (scheme lloyd_max)."""
-    return self.scheme == "lloyd_max"
+    """Codes index a codebook: Lloyd-Max levels (scheme lloyd_max) or
+    vectors (scheme vector)."""
+    return self.scheme in ("lloyd_max", "vector")
+
+  @property
+  def is_vector(self) -> bool:
+    """One index codes `vector_dim` elements (scheme vector)."""
+    return self.scheme == "vector"
+
+  @property
+  def vector_dim(self) -> int:
+    """Elements per stored index: 8 // bits for scheme vector, else 1."""
+    return 8 // self.bits if self.is_vector else 1
 
   @property
   def is_float(self) -> bool:

@@ -15,8 +15,12 @@ window slots it keeps (R + F - 1, F its per-channel token group unless the
 spec fixes a flush block) in the window dtype, the other tokens at its
 stored bits; a per-channel format's window then costs what it holds (31
 bfloat16 keys of a _pc32 format add 0.9 bits per element at 512 tokens).
-Per-layer constants (codebooks, calibrated ranges) are left out (a few
-hundred bytes per layer).
+Per-layer constants (calibrated levels and widths, the key affine) are
+added with `constant_bits` and a format's fixed codebook, one copy per
+model, with `fixed_tables` (`research.format_constants`: the arrays
+`capacity.memory` charges); per-layer constants are rounded up to 1/1024
+bit so the costs stay on one grid; without them they are left out (about 2 KiB per layer for calibrated keys: 0.17 bits
+per key element at 512 tokens on SmolLM2).
 
 `allocate` solves this multiple-choice knapsack exactly by dynamic
 programming over the (rational, hence exactly discretized) bit costs; among
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import fractions
+import itertools
 import math
 from typing import Mapping, Sequence
 
@@ -38,6 +43,7 @@ from kvq_jax.settings.short_specs import parse_short_spec, short_name
 FULL_PRECISION = "fp"
 DAMAGE_METRICS = ("delta_ppl", "kl_mean")
 MAX_STATES = 4_000_000
+_CONSTANT_GRID = 1024  # Constants rounded up to 1/1024 bit.
 
 DamageTable = Mapping[tuple[str, int, str], float]  # (tensor, layer, format)
 
@@ -122,9 +128,16 @@ def allocate(damage: DamageTable, num_layers: int,
              budget: float, *, head_dim: int, fp_bits: float,
              metric: str = "delta_ppl",
              clip_negative: bool = True,
-             slots: FullPrecisionSlots | None = None) -> Allocation:
+             slots: FullPrecisionSlots | None = None,
+             constant_bits: Mapping[tuple[str, int, str], float] | None = None,
+             fixed_tables: Mapping[str, tuple[str, float]] | None = None
+             ) -> Allocation:
   """Minimum predicted damage with mean bits <= `budget` (module docstring;
-  `slots`: charge effective bits, else stored bits).
+  `slots`: charge effective bits, else stored bits; `constant_bits`:
+  {(tensor, layer, format): bits} added to a format's cost there;
+  `fixed_tables`: {format: (table id, bits on the mean)}, a codebook
+  charged once if any tensor uses it: each set of tables is tried with its
+  cost paid up front and the formats of the other tables left out).
 
   `clip_negative`: a measured damage below 0 (noise: quantizing a tensor
   rarely helps) counts as 0, so it cannot pay for damage elsewhere.
@@ -134,6 +147,57 @@ def allocate(damage: DamageTable, num_layers: int,
   if not k_candidates or not v_candidates:
     raise ValueError("allocate: k_candidates and v_candidates must be "
                      "non-empty lists of short format names.")
+  names = {f: short_name(parse_short_spec(f))
+           for f in list(k_candidates) + list(v_candidates)}
+  tables = {key: bits for f, (key, bits) in (fixed_tables or {}).items()
+            if f in names.values()}
+  best, cheapest = None, math.inf
+  for r in range(len(tables) + 1):
+    for paid in itertools.combinations(sorted(tables), r):
+      def allowed(f, paid=paid):
+        return names[f] not in (fixed_tables or {}) or (
+            fixed_tables[names[f]][0] in paid)
+      k_c = [f for f in k_candidates if allowed(f)]
+      v_c = [f for f in v_candidates if allowed(f)]
+      up_front = sum(tables[key] for key in paid)
+      if not k_c or not v_c:
+        continue
+      try:
+        a = _allocate(damage, num_layers, k_c, v_c, budget - up_front,
+                      head_dim=head_dim, fp_bits=fp_bits, metric=metric,
+                      clip_negative=clip_negative, slots=slots,
+                      constant_bits=constant_bits)
+      except _BudgetError as e:
+        cheapest = min(cheapest, e.cheapest + up_front)
+        continue
+      a = dataclasses.replace(a, mean_bits=a.mean_bits + up_front,
+                              budget=float(budget))
+      if best is None or (a.predicted_damage, a.mean_bits) < (
+          best.predicted_damage, best.mean_bits):
+        best = a
+  if best is None:
+    raise ValueError(
+        f"budget={budget} bits/element is below the cheapest assignment "
+        f"({cheapest:.4g}); allowed: >= that, or add cheaper candidates.")
+  return best
+
+
+class _BudgetError(ValueError):
+  """The budget is below the cheapest assignment (`cheapest` bits)."""
+
+  def __init__(self, cheapest: float):
+    super().__init__(f"cheapest assignment {cheapest:.4g} bits")
+    self.cheapest = cheapest
+
+
+def _allocate(damage: DamageTable, num_layers: int,
+              k_candidates: Sequence[str], v_candidates: Sequence[str],
+              budget: float, *, head_dim: int, fp_bits: float,
+              metric: str, clip_negative: bool,
+              slots: FullPrecisionSlots | None,
+              constant_bits: Mapping[tuple[str, int, str], float] | None
+              ) -> Allocation:
+  """`allocate` for one set of candidates (its fixed tables paid)."""
   names = {}
   for fmt in list(k_candidates) + list(v_candidates):
     names[fmt] = short_name(parse_short_spec(fmt))
@@ -156,7 +220,12 @@ def allocate(damage: DamageTable, num_layers: int,
               "it from the candidates.")
         if clip_negative:
           d = max(d, 0.0)
-        opts.append((canonical, _fraction(bits[fmt]), d))
+        cost = _fraction(bits[fmt])
+        if constant_bits and canonical != FULL_PRECISION:
+          cost += fractions.Fraction(math.ceil(
+              constant_bits[(tensor, layer, canonical)] * _CONSTANT_GRID - 1e-9),
+              _CONSTANT_GRID)
+        opts.append((canonical, cost, d))
       options.append(sorted(opts, key=lambda o: o[1]))
   den = math.lcm(*[o[1].denominator for opts in options for o in opts])
   units = [[(f, int(c * den), d) for f, c, d in opts] for opts in options]
@@ -164,10 +233,7 @@ def allocate(damage: DamageTable, num_layers: int,
   limit = math.floor(fractions.Fraction(budget).limit_denominator(1 << 20)
                      * 2 * num_layers * den + 1e-9)
   if limit < base:
-    raise ValueError(
-        f"budget={budget} bits/element is below the cheapest assignment "
-        f"({base / den / (2 * num_layers):.4g}); allowed: >= that, or add "
-        "cheaper candidates.")
+    raise _BudgetError(base / den / (2 * num_layers))
   span = min(limit - base, sum(opts[-1][1] - opts[0][1] for opts in units))
   if span + 1 > MAX_STATES:
     raise ValueError(

@@ -9,12 +9,14 @@ head_dim (per_group), `_pcN` groups N tokens per channel (per_channel, KIVI
 keys); neither means per_token; no scheme suffix means symmetric (all 2^bits
 levels), `_asym` asymmetric, `_narrow` symmetric_narrow (2^bits - 1 levels),
 `_lm` lloyd_max (a norm per group and Lloyd-Max codebook codes; int5..int2),
+`_vq` vector (a norm per group and one 8-bit index per 8 // bits elements
+into a 256-vector codebook; int4 and int2),
 `_st` static (no scale: calibrated key ranges, KVQuant; keys only); `_oN`
 keeps N outliers per vector exactly (dense-and-sparse);
 `_ggml` selects rounding='ggml' with float16 scales (otherwise rounding
 'kvq' with bfloat16 scales); `_clipR` sets clip_ratio (e.g. `_clip0.9`).
 Examples: `int8`, `int4_g32`, `int4_g32_asym`, `int2_pc32_asym`,
-`int8_g32_narrow`, `int4_lm`, `int4_st_o1`, `q4_0`. `short_name` writes the llama.cpp name for
+`int8_g32_narrow`, `int4_lm`, `int2_vq`, `int4_st_o1`, `q4_0`. `short_name` writes the llama.cpp name for
 exactly those specs (so `int4_g32_ggml` comes back as `q4_0`).
 """
 
@@ -27,12 +29,12 @@ from kvq_jax.quant import GGML_TYPES, QuantSpec, ggml_name, ggml_spec
 _PATTERN = re.compile(
     r"^(?P<format>int8|int5|int4|int3|int2|fp8_e4m3|fp8_e5m2)"
     r"(?:_g(?P<group>\d+)|_pc(?P<channel>\d+))?"
-    r"(?P<scheme>_asym|_narrow|_lm|_st)?(?:_o(?P<outliers>\d+))?"
+    r"(?P<scheme>_asym|_narrow|_lm|_vq|_st)?(?:_o(?P<outliers>\d+))?"
     r"(?P<ggml>_ggml)?"
     r"(?:_clip(?P<clip>[0-9]*\.?[0-9]+))?$")
 _SCHEMES = {None: "symmetric", "_asym": "asymmetric",
             "_narrow": "symmetric_narrow", "_lm": "lloyd_max",
-            "_st": "static"}
+            "_vq": "vector", "_st": "static"}
 _SUFFIXES = {v: k or "" for k, v in _SCHEMES.items()}
 
 
@@ -46,7 +48,7 @@ def parse_short_spec(text: str) -> QuantSpec | None:
   if not match:
     raise ValueError(
         f"cache format {text!r} is not understood; allowed: 'fp' or "
-        "FORMAT[_gN|_pcN][_asym|_narrow|_lm|_st][_oN][_ggml][_clipR] (e.g. "
+        "FORMAT[_gN|_pcN][_asym|_narrow|_lm|_vq|_st][_oN][_ggml][_clipR] (e.g. "
         "int8, "
         "int4_g32, int4_g32_asym, int2_pc32_asym, int8_g32_narrow, "
         f"fp8_e4m3) or a llama.cpp type: {', '.join(GGML_TYPES)}.")

@@ -3,8 +3,11 @@
 One `evaluate_many` pass: per batch of windows the baseline forward runs once
 and every point's quantized forward is compared against it. Writes
 workdir/sweep.csv (every point, skipped ones with their reason),
-workdir/pareto.png, workdir/config.json (the resolved base config) and
-workdir/run_info.json (evaluation data, timing, memory, machine).
+workdir/pareto.png, workdir/config.json (the resolved base config),
+workdir/run_info.json (evaluation data, timing, memory, machine),
+workdir/per_window.npz (every point's per-window ΔNLL sums) and, for the
+requested pairs, workdir/pairs.csv (`sweep.pairs`: paired differences
+between two points on the same windows).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from kvq_jax.facade import load_model, window_forward
 from kvq_jax.settings import key_stats_context
 from kvq_jax.settings.experiment_settings import settings_from_config
 from kvq_jax.sweep.grid import Skipped, SweepPoint, expand_grid
+from kvq_jax.sweep import pairs as sweep_pairs
 from kvq_jax.sweep.pareto import pareto_front
 from kvq_jax.sweep.plot import pareto_plot
 from kvq_jax.sweep.points import parse_points
@@ -47,6 +51,8 @@ class SweepRequest:
   schemes: Sequence[str] = ("sym", "asym")
   residuals: Sequence[int] = (0,)
   points: str | Sequence[str] | None = None
+  # 'A:B' point-name pairs compared window by window (`sweep.pairs`).
+  pairs: str | Sequence[str] | None = None
 
 
 def unique_points(points: list[SweepPoint]) -> list[SweepPoint]:
@@ -86,6 +92,12 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
   named = parse_points(request.points, base, head_dim=cfg.head_dim,
                        num_layers=cfg.num_layers)
   points = unique_points(grid + named)
+  pair_names = sweep_pairs.parse_pairs(request.pairs)
+  unknown = {n for pair in pair_names for n in pair} - {p.name for p in points}
+  if unknown:
+    raise ValueError(
+        f"sweep: --pairs names {', '.join(sorted(unknown))}, which are not "
+        f"points of this sweep; allowed: {', '.join(p.name for p in points)}.")
   if not points:
     raise ValueError("sweep: no valid point to evaluate (every grid "
                      "combination was skipped and --points is empty).")
@@ -134,6 +146,18 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
   out = pathlib.Path(workdir)
   out.mkdir(parents=True, exist_ok=True)
   write_csv(out / "sweep.csv", rows)
+  sums = {p.name: results[p.name].delta_nll_sums_W for p in points}
+  tokens_per_window = int(mask.sum())
+  sweep_pairs.save_window_sums(out / "per_window.npz", sums,
+                               tokens_per_window)
+  pair_rows = [sweep_pairs.pair_row(sums, tokens_per_window, a, b)
+               for a, b in pair_names]
+  if pair_rows:
+    sweep_pairs.write_pairs_csv(out / "pairs.csv", pair_rows)
+    for r in pair_rows:
+      logging.info("pair %s - %s: dNLL %+.5f +- %.5f nats (z %.2f): %s",
+                   r["a"], r["b"], r["delta_nll_diff"],
+                   r["delta_nll_diff_stderr"], r["z"], r["verdict"])
   baseline_ppl = rows[0]["ppl_baseline"]
   pareto_plot(rows, out / "pareto.png", title=(
       f"{model or settings.model}: {windows.shape[0]} windows of "

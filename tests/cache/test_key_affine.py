@@ -134,9 +134,10 @@ def test_constants_are_charged_per_layer():
   without = memory.effective_bytes(config, plain, jnp.float32, n)
   # Per layer: shift + scale, float32 [K, H] each.
   assert with_aff - without == config.num_layers * 2 * K * H * 4
-  # Per layer: two 16-entry float32 codebooks, codes + bf16 scale per token.
+  # Per token: codes + bf16 scale. K and V share one fixed 16-entry float32
+  # Lloyd-Max codebook, stored once per model.
   per_token = config.num_layers * 2 * K * (H * 4 // 8 + 2)
-  codebooks = config.num_layers * 2 * codebook.centroids(4, H).nbytes
+  codebooks = codebook.centroids(4, H).nbytes
   assert without == per_token * n + codebooks
 
 

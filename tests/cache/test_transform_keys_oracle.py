@@ -89,6 +89,19 @@ def _attend(cache, q, k, v):
   return cache.attend(q, k, v, positions, ROPE)
 
 
+def run_chunks(spec, q, k, v, chunks, capacity=16):
+  """The layer cache fed (q, k, v) in `chunks` (1: a decode step): the
+  attention outputs of batch row 0, [T, K * G, H]."""
+  cache = QuantizedLayerCache.create(spec, B, capacity, K, H, jnp.float32)
+  outs, pos = [], 0
+  for size in chunks:
+    out, cache = _attend(cache, *(jnp.asarray(x[:, pos:pos + size])
+                                  for x in (q, k, v)))
+    outs.append(np.asarray(out))
+    pos += size
+  return np.concatenate(outs, axis=1)[0]
+
+
 def test_equal_allocation_is_one_codebook_for_every_component():
   spec = _spec("equal")
   assert spec.k.component_bits == () and spec.k.width_levels == ()
@@ -114,14 +127,7 @@ def test_decode_matches_the_numpy_oracle(allocation, affine):
   v = rng.normal(size=(B, T, K, H)).astype(np.float32)
   want = _oracle(q[0], k[0], v[0], widths, affine)
   for chunks in ((T,), (1,) * T, (4, 1, 6)):
-    cache = QuantizedLayerCache.create(spec, B, 16, K, H, jnp.float32)
-    outs, pos = [], 0
-    for size in chunks:
-      out, cache = _attend(cache, *(jnp.asarray(x[:, pos:pos + size])
-                                    for x in (q, k, v)))
-      outs.append(np.asarray(out))
-      pos += size
-    got = np.concatenate(outs, axis=1)[0]
+    got = run_chunks(spec, q, k, v, chunks)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4,
                                err_msg=f"chunks={chunks}")
   # The test has teeth: full-precision keys give another answer.

@@ -53,6 +53,8 @@ LM4 = _q("int4", "lloyd_max")
 LM3 = _q("int3", "lloyd_max")
 ST4_O1 = QuantSpec("int4", "static", "per_token", outliers=1)
 ST3 = QuantSpec("int3", "static", "per_token")
+VQ4 = _q("int4", "vector")
+VQ2 = _q("int2", "vector")
 
 
 def transform_affine(kv_heads: int = 2, head_dim: int = 16, seed: int = 0,
@@ -111,6 +113,11 @@ SWEEP = {
     "transform_coded_keys": ("tiny1", CacheSpec(
         k=ST3, v=LM3, sink=2, key_rope="pre",
         key_affines=(transform_affine(),), block_size=BLOCK)),
+    # Vector codes (issue 34, method 3): K pairs, V quadruples, one 8-bit
+    # index each, after a seeded randomised Hadamard.
+    "vector_codes": ("tiny1", CacheSpec(
+        k=VQ4, v=VQ2, hadamard_k=True, hadamard_v=True, rotation_seed=1,
+        block_size=BLOCK)),
     # Layer 0 full precision (a DenseLayerCache); layer 1 per-channel int4 K
     # with a full-precision V store.
     "override_fp_layer0_k_only_pc8": ("tiny2", CacheSpec(

@@ -272,3 +272,23 @@ def test_auto_budget_is_weights_plus_one_gib():
   assert auto == explicit
   # SmolLM2 bf16: 23,040 bytes per token fill exactly 1 GiB.
   assert auto["max_context_tokens_baseline"] == 2**30 // 23040
+
+
+def test_fixed_codebooks_are_charged_once_per_model_by_hand():
+  """K int2 Lloyd-Max per token, V int2 vector on SmolLM2's shape: each is
+  2 bits + one bfloat16 scale per 64-vector = 2.25 bits, and its codebook
+  is fixed by the format, so one copy serves all 30 layers: 4 float32
+  levels (16 bytes) + 256 x 4 float32 vectors (4096 bytes), once."""
+  spec = CacheSpec(k=parse_short_spec("int2_lm"), v=parse_short_spec("int2_vq"))
+  tokens, elements = 512, 30 * 2 * 3 * 64
+  stored = tokens * elements * 2.25 / 8
+  assert effective_bytes(SMOLLM2, spec, jnp.float32, tokens) == (
+      stored + 16 + 4096)
+  assert effective_bits(SMOLLM2, spec, jnp.float32, tokens) == (
+      pytest.approx(2.25 + 8 * 4112 / (tokens * elements)))
+  # A layer's calibrated constants stay per layer: the int2_lm keys of one
+  # layer beside the int2_vq ones of another still share the one table each.
+  mixed = dataclasses.replace(spec, layer_overrides=(
+      (0, parse_short_spec("int2_vq"), parse_short_spec("int2_vq")),))
+  assert effective_bytes(SMOLLM2, mixed, jnp.float32, tokens) == (
+      stored + 16 + 4096)

@@ -45,6 +45,11 @@ PRESET_BITS = {
     "tc4": (4.0 + 4.25) / 2, "tc3": (3.0 + 3.25) / 2, "tc2": (2.0 + 2.25) / 2,
     # The same widths per native channel (no basis).
     "ca4": (4.0 + 4.25) / 2, "ca3": (3.0 + 3.25) / 2, "ca2": (2.0 + 2.25) / 2,
+    # ca keys with allocated values (int4_vq / int3_lm / int2_vq: b + 0.25):
+    # cvmix325 3-bit keys, V 4 layers at 4.25, 4 at 2.25, 22 at 3.25;
+    # cvmix250 15 layers of 3-bit keys and 15 of 2-bit, int2_vq values.
+    "cvmix325": (3.0 + (4 * 4.25 + 4 * 2.25 + 22 * 3.25) / 30) / 2,
+    "cvmix250": ((15 * 3.0 + 15 * 2.0) / 30 + 2.25) / 2,
 }
 # Fixed (capacity-independent) cache bytes per sequence, by hand: 30 layers x
 # 3 KV heads x 64 dims x 2 bytes (bfloat16 full-precision regions) x the
@@ -56,27 +61,38 @@ _PER_SLOT = 30 * 3 * 64 * 2
 PRESET_FIXED_BYTES = {"kivi2": _PER_SLOT * (159 + 128),
                       "kivi4": _PER_SLOT * (159 + 128),
                       "kvq4": _PER_SLOT * 31,
-                      # + the int4_lm V codebook (16 float32) per layer.
-                      "kvq4_lmv": _PER_SLOT * 31 + 30 * 16 * 4}
-# Per-layer constants of the tq presets: a 2^b-entry float32 codebook for K
-# and for V, and the key affine's float32 shift and scale [3, 64].
+                      # + the int4_lm V codebook (16 float32), once.
+                      "kvq4_lmv": _PER_SLOT * 31 + 16 * 4}
+# Fixed tables (the Lloyd-Max codebook of a b-bit 64-element group, the
+# 256-codeword vector table) are one copy per model, however many layers
+# and tensors use them. tq: K and V share the 2^b-entry float32 Lloyd-Max
+# table (stored once); per layer the key affine's float32 shift and scale
+# [3, 64].
 for _b in (4, 3, 2):
-  PRESET_FIXED_BYTES[f"tq{_b}"] = 30 * (2 * 2 ** _b * 4 + 2 * 3 * 64 * 4)
-# kq: the first token of K and V in bfloat16, the V codebook and the key
-# ranges (float32 centre and half-width [3, 64]) per layer.
+  PRESET_FIXED_BYTES[f"tq{_b}"] = 2 ** _b * 4 + 30 * 2 * 3 * 64 * 4
+# kq: the first token of K and V in bfloat16, the V codebook (once) and the
+# key ranges (float32 centre and half-width [3, 64]) per layer.
 # (The synthetic range stats of these tests carry no key codebook; kq4klcb's
 # real stats add 16 float32 levels per layer.)
 for _name, _b in (("kq4", 4), ("kq3", 3), ("kq4kl", 4), ("kq4klcb", 4)):
-  PRESET_FIXED_BYTES[_name] = 2 * _PER_SLOT + 30 * (
-      2 ** _b * 4 + 2 * 3 * 64 * 4)
+  PRESET_FIXED_BYTES[_name] = 2 * _PER_SLOT + 2 ** _b * 4 + 30 * 2 * 3 * 64 * 4
+
+
+def _table_bytes(spec: CacheSpec) -> int:
+  """One float32 copy of each distinct fixed table the layers use: 2^b
+  Lloyd-Max levels, or 256 codewords of 8 // b elements (scheme vector)."""
+  tables = {(s.scheme, s.bits) for i in range(30)
+            for s in (spec.layer(i).k, spec.layer(i).v)
+            if s.is_codebook and not s.levels and not s.component_bits}
+  return sum(4 * (256 * (8 // b) if scheme == "vector" else 2 ** b)
+             for scheme, b in tables)
 
 
 def _mix_constants(spec: CacheSpec) -> int:
-  """Codebook bytes of every layer's Lloyd-Max K and V + the key statistics
-  (+ the bfloat16 sink token of K and V)."""
-  codebooks = sum(4 * 2 ** s.bits for i in range(30)
-                  for s in (spec.layer(i).k, spec.layer(i).v) if s.is_codebook)
-  return codebooks + 30 * 2 * 3 * 64 * 4 + 2 * _PER_SLOT * spec.sink
+  """The fixed Lloyd-Max tables (once) + the key statistics per layer (+ the
+  bfloat16 sink token of K and V)."""
+  return (_table_bytes(spec) + 30 * 2 * 3 * 64 * 4
+          + 2 * _PER_SLOT * spec.sink)
 
 
 def test_available_presets_is_every_config_but_base():
@@ -84,19 +100,19 @@ def test_available_presets_is_every_config_but_base():
 
 
 def _transform_constants(spec: CacheSpec, basis: bool) -> int:
-  """tc and ca presets, per layer: the V codebook, the key mean and std
-  [3, 64] (float32), tc's basis as int8 [3, 64, 64] with a float32 scale
+  """tc, ca and cvmix presets: the V tables (once); per layer the key mean
+  and std [3, 64] (float32), tc's basis as int8 [3, 64, 64] with a float32 scale
   per row (ca has none), one uint8 width per component and a float32
   codebook per width in use (which widths the allocator chose is read
   from the spec); + the bfloat16 sink token of K and V."""
-  total = 2 * _PER_SLOT
+  total = 2 * _PER_SLOT + _table_bytes(spec)
   for i in range(30):
     layer = spec.layer(i)
-    k, v = layer.k, layer.v
+    k = layer.k
     assert len(k.component_bits) == 64 and sum(k.component_bits) == 64 * k.bits
     assert {w for w, _ in k.width_levels} == set(k.component_bits) - {0}
     assert bool(layer.key_affine.rotation) == basis
-    total += (4 * 2 ** v.bits + 2 * 3 * 64 * 4
+    total += (2 * 3 * 64 * 4
               + (3 * 64 * 64 + 3 * 64 * 4 if basis else 0)
               + 64 + sum(4 * 2 ** w for w, _ in k.width_levels))
   return total
@@ -132,7 +148,7 @@ def test_preset_loads_locked_and_converts(name, key_stats_dir):
   # constants (codebooks, key statistics), by hand.
   if name.startswith(("tqmix", "kqmix")):
     assert fixed == _mix_constants(spec)
-  elif name.startswith(("tc", "ca")):
+  elif name.startswith(("tc", "ca", "cvmix")):
     assert fixed == _transform_constants(spec, basis=name.startswith("tc"))
   else:
     assert fixed == PRESET_FIXED_BYTES.get(name, 0)

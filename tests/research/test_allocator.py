@@ -210,3 +210,59 @@ def test_merging_tables_of_other_windows_fails(change, match):
   other["meta"]["model"] = "other"
   with pytest.raises(ValueError, match="meta.model"):
     sensitivity_table.merge_tables([tables[0], other], ["a.json", "b.json"])
+
+
+def test_per_layer_constants_are_charged_and_change_the_choice():
+  """Both tensors at 3.5: int4_g32 (4.5) on one and int2_g32_asym (3.0) on
+  the other fits exactly, until int4_g32 is charged 0.25 bits of
+  constants in layer 0: then int2_g32_asym on both (mean 3.0)."""
+  damage = {(t, 0, f): d for t in ("K", "V") for f, d in (
+      ("int2_g32_asym", 0.5), ("int4_g32", 0.01))}
+  cands = ("int2_g32_asym", "int4_g32")
+  free = allocator.allocate(damage, 1, cands, cands, 3.75, head_dim=H,
+                            fp_bits=FP)
+  assert sorted(free.k_formats + free.v_formats) == [
+      "int2_g32_asym", "int4_g32"]
+  constants = {(t, 0, f): 0.5 if f == "int4_g32" else 0.0
+               for t in ("K", "V") for f in cands}
+  charged = allocator.allocate(damage, 1, cands, cands, 3.75, head_dim=H,
+                               fp_bits=FP, constant_bits=constants)
+  assert charged.k_formats == charged.v_formats == ("int2_g32_asym",)
+  assert charged.mean_bits == 3.0
+
+
+def test_fixed_tables_are_paid_once_against_brute_force():
+  """A fixed codebook costs its bits once if any tensor uses it: brute
+  force over every assignment of 2 layers x {K, V}, with tables 'a'
+  (int2_lm, 0.3 bits on the mean) and 'b' (int4_g32, 0.2)."""
+  import itertools
+  cands = ("int8", "int4_g32", "int2_lm")
+  bits = {"int8": 8.25, "int4_g32": 4.5, "int2_lm": 2.25}
+  tables = {"int2_lm": ("a", 0.3), "int4_g32": ("b", 0.2)}
+  damage = {(t, i, f): {"int8": 0.001, "int4_g32": 0.02, "int2_lm": 0.3}[f]
+            * (1 + i + (t == "V")) for t in ("K", "V") for i in range(2)
+            for f in cands}
+  slots = [("K", 0), ("K", 1), ("V", 0), ("V", 1)]
+  for budget in (3.0, 4.0, 5.0, 6.0, 7.0):
+    best = None
+    for combo in itertools.product(cands, repeat=4):
+      cost = sum(bits[f] for f in combo) / 4 + sum(
+          b for key, b in {tables[f] for f in combo if f in tables})
+      if cost <= budget + 1e-12:
+        d = sum(damage[(t, i, f)] for (t, i), f in zip(slots, combo))
+        best = d if best is None else min(best, d)
+    a = allocator.allocate(damage, 2, cands, cands, budget, head_dim=H,
+                           fp_bits=FP, fixed_tables=tables)
+    assert a.predicted_damage == pytest.approx(best), budget
+    used = {tables[f] for f in a.k_formats + a.v_formats if f in tables}
+    assert a.mean_bits == pytest.approx(
+        mean_bits_of(a, bits) + sum(b for _, b in used))
+    assert a.mean_bits <= budget + 1e-9
+  with pytest.raises(ValueError, match="below the cheapest"):
+    allocator.allocate(damage, 2, cands, cands, 2.5, head_dim=H,
+                       fp_bits=FP, fixed_tables=tables)
+
+
+def mean_bits_of(a: allocator.Allocation, bits: dict) -> float:
+  formats = a.k_formats + a.v_formats
+  return sum(bits[f] for f in formats) / len(formats)

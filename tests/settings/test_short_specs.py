@@ -14,7 +14,8 @@ NAMES = ["fp", "int8", "int4_g32", "int4_g32_asym", "int2_pc32_asym",
          "int8_g32_narrow", "int4_pc32_narrow_clip0.9", "q8_0", "q4_0",
          "q4_1", "q5_0", "q5_1", "int4_g64_ggml", "int3_g16_asym_ggml",
          "int8_narrow_ggml", "int4_lm", "int2_g32_lm", "int3_lm",
-         "int4_st", "int3_st_o1", "int4_g32_asym_o2", "int4_lm_o1"]
+         "int4_st", "int3_st_o1", "int4_g32_asym_o2", "int4_lm_o1",
+         "int2_vq", "int4_vq", "int2_g32_vq"]
 
 
 @pytest.mark.parametrize("name", NAMES)

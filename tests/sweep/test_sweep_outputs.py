@@ -10,6 +10,7 @@ import pytest
 from kvq_jax.cli import config_flag
 from kvq_jax.sweep import reference
 from kvq_jax.sweep.plot import pareto_plot
+from kvq_jax.sweep import pairs as sweep_pairs
 from kvq_jax.sweep.runner import SweepRequest, run_sweep
 from kvq_jax.sweep.table import read_csv, text_table, write_csv
 from tests.fixtures import tiny_hf_model
@@ -125,7 +126,8 @@ def test_tiny_end_to_end_sweep(tmp_path, monkeypatch):
   rows = run_sweep(
       config, tmp_path / "out",
       SweepRequest(formats=("int2", "fp8_e5m2"), group_sizes=(32,),
-                   schemes=("asym",), residuals=(0,), points="k8v4"),
+                   schemes=("asym",), residuals=(0,), points="k8v4",
+                   pairs=("int2_g32_asym:k8v4",)),
       eval_data=str(text), model=str(model))
   by_name = {r["name"]: r for r in rows}
   assert by_name["fp8_e5m2_g32_asym"]["status"].startswith("skipped")
@@ -150,3 +152,17 @@ def test_tiny_end_to_end_sweep(tmp_path, monkeypatch):
   assert info["passes_per_window"] == 3 and info["eval_seconds_per_window"] > 0
   assert info["eval_data"] == str(text)
   assert 0.05 < info["peak_rss_gib"] < 24 and "cpus" in info["machine"]
+  # The per-window sums give back each point's mean ΔNLL, and the pair is
+  # their difference (one window: no stderr, so no verdict but "none").
+  sums, tokens = sweep_pairs.load_window_sums(tmp_path / "out" /
+                                              "per_window.npz")
+  for r in ok:
+    assert sums[r["name"]].sum() / (tokens * len(sums[r["name"]])) == \
+        pytest.approx(r["delta_nll_mean"], rel=1e-6)
+  pair = (tmp_path / "out" / "pairs.csv").read_text().splitlines()
+  assert pair[1].startswith("int2_g32_asym,k8v4,")
+  assert pair[1].endswith("no measurable change")
+  with pytest.raises(ValueError, match="not points of this sweep"):
+    run_sweep(config, tmp_path / "out2", SweepRequest(
+        formats=(), points="k8v4", pairs="k8v4:int8"),
+              eval_data=str(text), model=str(model))
