@@ -286,8 +286,9 @@ def test_fixed_codebooks_are_charged_once_per_model_by_hand():
       stored + 16 + 4096)
   assert effective_bits(SMOLLM2, spec, jnp.float32, tokens) == (
       pytest.approx(2.25 + 8 * 4112 / (tokens * elements)))
-  # A layer's calibrated constants stay per layer: the int2_lm keys of one
-  # layer beside the int2_vq ones of another still share the one table each.
+  # Layer 0 with int2_vq keys too: K's vector codes in layer 0 reuse V's
+  # table and layers 1-29 still share the one int2_lm table, so nothing
+  # is added.
   mixed = dataclasses.replace(spec, layer_overrides=(
       (0, parse_short_spec("int2_vq"), parse_short_spec("int2_vq")),))
   assert effective_bytes(SMOLLM2, mixed, jnp.float32, tokens) == (
