@@ -13,6 +13,10 @@ dPPL +1.458 [+1.183, +1.736] against baseline PPL 23.5115, KL 0.0715 ±
 0.0020, top-1 0.850 ± 0.004; effective 3.244 bits at 512 tokens, 3.140 at
 4096 (stored 3.125). Paired in the same run: ΔNLL −0.0307 ± 0.0051 nats
 against kqmix325 (z −6.0) and −0.0094 ± 0.0038 against ca3 (z −2.5).
+At 4096 tokens (runs/issue34/agreement_cv, 8 prompts) decode KL 0.073 ±
+0.006 against kqmix325's 0.148 ± 0.026; on the passkey grid at 2048/4096
+(runs/issue34/passkey_cv, 24 prompts) it answers 16 against kqmix325's
+19, none of the 6 with the key at 0-25% depth at 4096.
 
 Regenerate: experiments.layer_sensitivity --config=ca3 --from_end
 --noall_but_one --config.eval.num_windows=2 --k_formats=int4_st,int2_st
