@@ -39,13 +39,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from kvq_jax.cache.dense import DenseLayerCache
 from kvq_jax.cache.factory import init_cache
@@ -55,7 +53,7 @@ from kvq_jax.cache.sliding_quantized import (SlidingQuantizedLayerCache,
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.loaders import param_layout
 from kvq_jax.models.config import ModelConfig
-from kvq_jax.quant import cache_bits_per_element
+from kvq_jax.quant import cache_bits_per_element, table_id
 
 _PROBE_SLOTS = 4096
 
@@ -76,8 +74,7 @@ def _first_use(tables, seen: set) -> list:
   `seen`): one copy serves the whole model."""
   out = []
   for table in tables:
-    a = np.ascontiguousarray(table)
-    key = (a.dtype.str, a.shape, hashlib.sha256(a.tobytes()).hexdigest())
+    key = table_id(table)
     if key not in seen:
       seen.add(key)
       out.append(table)

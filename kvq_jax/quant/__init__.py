@@ -2,7 +2,7 @@
 
 from kvq_jax.quant.accounting import bits_per_element
 from kvq_jax.quant.accounting import cache_bits_per_element
-from kvq_jax.quant.accounting import constant_arrays, has_fixed_table
+from kvq_jax.quant.accounting import constant_arrays, has_fixed_table, table_id
 from kvq_jax.quant.accounting import nbytes
 from kvq_jax.quant.ggml import GGML_TYPES
 from kvq_jax.quant.ggml import ggml_name
@@ -22,6 +22,6 @@ from kvq_jax.quant.spec import SCHEMES
 __all__ = [
     "FORMATS", "GGML_TYPES", "GRANULARITIES", "QuantSpec", "QuantizedArray",
     "ROUNDINGS", "SCALE_DTYPES", "SCHEMES", "bits_per_element",
-    "cache_bits_per_element", "constant_arrays", "has_fixed_table", "dequantize",
+    "cache_bits_per_element", "constant_arrays", "has_fixed_table", "table_id", "dequantize",
     "ggml_name", "ggml_spec", "nbytes", "pack", "quantize", "unpack",
 ]

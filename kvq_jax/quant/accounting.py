@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,6 +97,13 @@ def has_fixed_table(spec: QuantSpec | None) -> bool:
   group size), not calibrated: one copy serves every layer that uses it."""
   return (spec is not None and spec.is_codebook and not spec.levels
           and not spec.component_bits)
+
+
+def table_id(table) -> str:
+  """A fixed table's identity by content (dtype, shape, sha256): equal ids
+  are one stored copy."""
+  a = np.ascontiguousarray(table)
+  return f"{a.dtype.str}{a.shape}:{hashlib.sha256(a.tobytes()).hexdigest()}"
 
 
 def nbytes(qa: QuantizedArray) -> int:

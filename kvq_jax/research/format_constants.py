@@ -14,17 +14,15 @@ charged once on the mean over the 2L tensors (`fixed_table_bits`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import pathlib
 from typing import Sequence
 
 import ml_collections
-import numpy as np
 
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.calibration import auto_key_stats
 from kvq_jax.models.config import ModelConfig
-from kvq_jax.quant import constant_arrays, has_fixed_table
+from kvq_jax.quant import constant_arrays, has_fixed_table, table_id
 from kvq_jax.settings.experiment_settings import settings_from_config
 from kvq_jax.settings.short_specs import parse_short_spec, short_name
 
@@ -72,9 +70,7 @@ def fixed_table_bits(config: ModelConfig, context: int,
     if not has_fixed_table(fmt):
       continue
     (table,) = constant_arrays(fmt, config.head_dim)
-    key = hashlib.sha256(np.ascontiguousarray(table).tobytes()).hexdigest()
-    out[short_name(fmt)] = (f"{table.dtype.str}{table.shape}:{key[:16]}",
-                            8 * table.nbytes / elements)
+    out[short_name(fmt)] = (table_id(table), 8 * table.nbytes / elements)
   return out
 
 
