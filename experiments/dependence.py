@@ -1,12 +1,13 @@
 r"""How much dependence the scalar formats leave: PCA transform-coding gain,
-previous-layer ridge prediction and vector-quantization gain, per layer and
+previous-layer ridge prediction (also as a chain through the quantizer,
+net of its constants) and vector-quantization gain, per layer and
 kv head (issue 34's diagnostics).
 
   python -m experiments.dependence --config=int4_g32 \
       --model=smollm2-135m --workdir=runs/dependence/smollm2-135m \
       --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw \
       [--rate=2.5] [--num_calib_windows=8] [--vq_layer_stride=3] \
-      [--ridge_input_bits=4,2]
+      [--ridge_input_bits=4,2] [--chain_contexts=512,4096]
 
 Calibration windows: the last --num_calib_windows windows of the text,
 disjoint from the preset's evaluation windows. Writes dependence.json,
@@ -35,6 +36,9 @@ _NUM_CALIB = flags.DEFINE_integer("num_calib_windows", 8,
 _RIDGE_BITS = flags.DEFINE_list(
     "ridge_input_bits", ["4", "2"], "the ridge predictor again from the "
     "previous layer's int-B asymmetric g32 reconstruction, per B")
+_CHAIN_CONTEXTS = flags.DEFINE_list(
+    "chain_contexts", ["512", "4096"], "contexts at which the prediction "
+    "chain's predictor constants are charged per cached element")
 _STRIDE = flags.DEFINE_integer("vq_layer_stride", 3,
                                "k-means on layers 0, S, 2S, ...")
 
@@ -48,7 +52,9 @@ def main(argv):
                                 num_calib_windows=_NUM_CALIB.value,
                                 vq_layer_stride=_STRIDE.value,
                                 ridge_input_bits=tuple(
-                                    int(b) for b in _RIDGE_BITS.value))
+                                    int(b) for b in _RIDGE_BITS.value),
+                                chain_contexts=tuple(
+                                    int(c) for c in _CHAIN_CONTEXTS.value))
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   out = run_dependence(_CONFIG.value, _WORKDIR.value,

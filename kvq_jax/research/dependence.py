@@ -79,20 +79,29 @@ def transform_gain(x_NxD: np.ndarray, rate: float,
   return out
 
 
+def fit_ridge(x_NxD: np.ndarray, y_NxE: np.ndarray, lam: float
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(w_DxE, mean_x, mean_y) of ridge with intercept; the penalty is `lam`
+  times the mean diagonal of x's centred Gram matrix."""
+  x, y = np.asarray(x_NxD, np.float64), np.asarray(y_NxE, np.float64)
+  mx, my = x.mean(axis=0), y.mean(axis=0)
+  xc, yc = x - mx, y - my
+  gram = xc.T @ xc
+  reg = lam * np.trace(gram) / gram.shape[0]
+  w = np.linalg.solve(gram + reg * np.eye(gram.shape[0]), xc.T @ yc)
+  return w, mx, my
+
+
 def ridge_bits(x_NxD: np.ndarray, y_NxE: np.ndarray, train_frac: float = 0.75,
                lam: float = 1e-3) -> dict:
-  """Held-out relative MSE of y ~ x (ridge with intercept; `lam` times the
-  mean diagonal of x's training covariance) and its equivalent bits."""
+  """Held-out relative MSE of y ~ x (`fit_ridge` on the first rows) and its
+  equivalent bits."""
   x, y = np.asarray(x_NxD, np.float64), np.asarray(y_NxE, np.float64)
   n = int(len(x) * train_frac)
   if not 0 < n < len(x):
     raise ValueError(f"ridge_bits: {len(x)} rows, train_frac {train_frac}: "
                      "need rows on both sides.")
-  mx, my = x[:n].mean(axis=0), y[:n].mean(axis=0)
-  xc, yc = x[:n] - mx, y[:n] - my
-  gram = xc.T @ xc
-  reg = lam * np.trace(gram) / gram.shape[0]
-  w = np.linalg.solve(gram + reg * np.eye(gram.shape[0]), xc.T @ yc)
+  w, mx, my = fit_ridge(x[:n], y[:n], lam)
   pred = (x[n:] - mx) @ w + my
   resid = float(np.sum((y[n:] - pred) ** 2))
   total = float(np.sum((y[n:] - y[n:].mean(axis=0)) ** 2))

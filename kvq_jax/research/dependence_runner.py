@@ -19,6 +19,10 @@ channel groups and between layers (`research.dependence`).
      exact inputs and again, per `ridge_input_bits`, from their
      `ridge_spec` round trip (the reconstruction a cache would predict
      from; the target stays exact);
+   - the cross-layer prediction chain through the int-B g32 quantizer
+     itself, per `ridge_input_bits` and predictor shape, net of the
+     predictors' bfloat16 constants at each of `chain_contexts`
+     (`research.prediction_chain`);
    - k-means against per-channel Lloyd-Max at equal rate, for each
      (group dim, rate) in `vq_grid`, on every `vq_layer_stride`-th layer
      (k-means of 256 entries per group is the slow part).
@@ -43,7 +47,7 @@ from kvq_jax.calibration.key_runner import calibration_inputs
 from kvq_jax.calibration.recording import record_qkv
 from kvq_jax.cache.round_trip import quantize_dequantize
 from kvq_jax.quant.spec import QuantSpec
-from kvq_jax.research import dependence
+from kvq_jax.research import dependence, prediction_chain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +61,7 @@ class DependenceOptions:
   vq_layer_stride: int = 3
   ridge_lambda: float = 1e-3
   ridge_input_bits: tuple[int, ...] = (4, 2)
+  chain_contexts: tuple[int, ...] = (512, 4096)
 
   def __post_init__(self):
     for bits in self.ridge_input_bits:
@@ -65,6 +70,9 @@ class DependenceOptions:
       except ValueError as e:
         raise ValueError(f"dependence: ridge_input_bits entry {bits}: {e}"
                          ) from e
+    if any(c < 1 for c in self.chain_contexts):
+      raise ValueError(f"dependence: chain_contexts {self.chain_contexts}; "
+                       "allowed: positive token counts.")
     if self.rate <= 0:
       raise ValueError(f"dependence: rate {self.rate}; allowed: > 0.")
     if self.num_calib_windows < 1 or self.vq_layer_stride < 1:
@@ -180,6 +188,55 @@ def measure(lm, records, options: DependenceOptions) -> list[dict]:
   return rows
 
 
+def measure_chain(lm, records, options: DependenceOptions) -> dict:
+  """Step 2's prediction chain: {'int{B}_{shape}': {'rows', 'net'}}."""
+  cfg = lm.config
+  layers = [(np.asarray(r.k_pre_BxTxKxH, np.float64).reshape(
+                 -1, cfg.num_kv_heads, cfg.head_dim),
+             np.asarray(r.v_BxTxKxH, np.float64).reshape(
+                 -1, cfg.num_kv_heads, cfg.head_dim)) for r in records]
+  out = {}
+  for bits in options.ridge_input_bits:
+    for shape in prediction_chain.SHAPES:
+      if shape == "head" and cfg.num_kv_heads == 1:
+        continue  # The same predictor as "full".
+      rows = prediction_chain.chain_gain(
+          layers, lambda x, b=bits: round_trip(x, b), shape=shape,
+          lam=options.ridge_lambda)
+      params = prediction_chain.predictor_params(shape, cfg.num_kv_heads,
+                                                 cfg.head_dim)
+      out[f"int{bits}_{shape}"] = {
+          "bits": bits, "shape": shape, "params_per_layer": params,
+          "rows": rows,
+          "net": [prediction_chain.net_bits(rows, params, c,
+                                            cfg.num_kv_heads, cfg.head_dim)
+                  for c in options.chain_contexts]}
+      logging.info("dependence: chain int%d %s done", bits, shape)
+  return out
+
+
+def chain_markdown(chain: dict) -> str:
+  """One row per (quantizer, predictor shape): gains, costs, net."""
+  contexts = [n["context"] for n in next(iter(chain.values()))["net"]]
+  head = ("| quantizer | predictor | K chain bits | V chain bits | "
+          "V from own K bits | "
+          + " | ".join(f"chain cost / net @{c}" for c in contexts) + " | "
+          + " | ".join(f"V-from-K cost / net @{c}" for c in contexts) + " |")
+  lines = [head, "|---" * (5 + 2 * len(contexts)) + "|"]
+  for entry in chain.values():
+    rows = entry["rows"]
+    mean = lambda key: float(np.mean([r[key] for r in rows[1:]] or [0.0]))
+    cells = [f"int{entry['bits']} g32", entry["shape"],
+             _fmt(mean("k_chain_bits")), _fmt(mean("v_chain_bits")),
+             _fmt(float(np.mean([r["v_from_k_bits"] for r in rows])))]
+    cells += [f"{n['chain_cost']:.2f} / {n['chain_net']:+.2f}"
+              for n in entry["net"]]
+    cells += [f"{n['v_from_k_cost']:.2f} / {n['v_from_k_net']:+.2f}"
+              for n in entry["net"]]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def _mean(rows, key, field):
   vals = [r[key][field] for r in rows if key in r and r[key][field] is not None]
   return float(np.mean(vals)) if vals else None
@@ -235,12 +292,14 @@ def run_dependence(config: ml_collections.ConfigDict, workdir: str,
   lm, split = inputs.model, inputs.split
   records = record_qkv(lm, split.calib_WxT, batch_size=1)
   rows = measure(lm, records, options)
+  chain = measure_chain(lm, records, options)
   out = {"machine": machine_description(), "model": inputs.model_name,
          "data": inputs.source,
          "calibration_tokens": list(split.calib_range),
          "evaluation_tokens": list(split.eval_range),
          "tokens_per_head": int(np.prod(records[0].v_BxTxKxH.shape[:2])),
          "options": dataclasses.asdict(options), "rows": rows,
+         "chain": chain,
          "seconds": round(time.perf_counter() - started, 1)}
   path = pathlib.Path(workdir)
   path.mkdir(parents=True, exist_ok=True)
@@ -258,7 +317,16 @@ def run_dependence(config: ml_collections.ConfigDict, workdir: str,
         f"(layers 0, {options.vq_layer_stride}, "
         f"{2 * options.vq_layer_stride}, ...). "
         f"{out['seconds']} s on {out['machine']}.\n\n"
-        + summary_markdown(rows, options) + "\n")
+        + summary_markdown(rows, options) + "\n\n"
+        "## The prediction chain through the quantizer\n\n"
+        "Layer l predicted from the chain's reconstruction of layer l-1 "
+        "(K from K; V from this layer's K and the previous V), only the "
+        "residual coded by the same int-B asymmetric g32 quantizer; gains "
+        "= 0.5 log2(held-out MSE direct / predicted), means over layers "
+        "1.. (V from own K: over all layers); cost = the predictors' "
+        "bfloat16 weights and intercepts per cached element at the "
+        "context; net = gain - cost, per element of K and V.\n\n"
+        + chain_markdown(chain) + "\n")
   (path / "dependence.md").write_text(md, encoding="utf-8")
   (path / "config.json").write_text(
       config.to_json(indent=1) if hasattr(config, "to_json") else "{}",

@@ -150,3 +150,14 @@ def test_end_to_end_on_the_tiny_model(tmp_path):
   md = (tmp_path / "dep" / "dependence.md").read_text()
   assert "| **all** |" in md and "K VQ d2 r1 bits" in md
   assert "V ridge bits (int2 inputs)" in md
+  # The prediction chain: both quantizers, both predictor shapes where the
+  # model has several kv heads, every layer, net of the constants.
+  want = {f"int{b}_{s}" for b in (4, 2) for s in ("full", "head")
+          if s == "full" or tiny_hf_model.K > 1}
+  assert set(out["chain"]) == want
+  for entry in out["chain"].values():
+    assert len(entry["rows"]) == tiny_hf_model.L
+    assert [n["context"] for n in entry["net"]] == [512, 4096]
+    for n in entry["net"]:
+      assert n["chain_cost"] > 0 and np.isfinite(n["chain_net"])
+  assert "## The prediction chain through the quantizer" in md
