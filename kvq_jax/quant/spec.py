@@ -28,7 +28,8 @@ from typing import Sequence
 import jax.numpy as jnp
 import numpy as np
 
-FORMATS = ("int8", "int5", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2")
+FORMATS = ("int8", "int5", "int4", "int3", "int2", "int1", "fp8_e4m3",
+           "fp8_e5m2")
 # symmetric: all 2^b codes, the scale set by the signed value of largest
 #   magnitude (llama.cpp q4_0's rule); fp8 uses its own symmetric rule.
 # symmetric_narrow: 2^b - 1 codes, scale = absmax / (2^(b-1) - 1) (q8_0's
@@ -41,9 +42,9 @@ FORMATS = ("int8", "int5", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2")
 #   axis (per_token or per_group), meant for Hadamard-rotated tensors.
 # vector: one scale per group (a least-squares norm) and one 8-bit index per
 #   8 // bits consecutive elements into a 256-entry codebook in R^(8 // bits)
-#   (`kvq_jax.quant.vector_codebook`: k-means of a Gaussian); int4 (pairs)
-#   and int2 (quadruples), groups along the last axis, for Hadamard-rotated
-#   tensors like lloyd_max.
+#   (`kvq_jax.quant.vector_codebook`: k-means of a Gaussian); int4 (pairs),
+#   int2 (quadruples) and int1 (octets; int1 exists for this scheme only),
+#   groups along the last axis, for Hadamard-rotated tensors like lloyd_max.
 # static: no stored scale; 2^b fixed levels: uniform mid-rise over [-r, r]
 #   (r = clip_ratio), or `levels` (a calibrated codebook, KVQuant's nuq),
 #   for tensors already normalised by calibrated per-channel ranges
@@ -53,7 +54,7 @@ FORMATS = ("int8", "int5", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2")
 SCHEMES = ("symmetric", "symmetric_narrow", "asymmetric", "lloyd_max",
            "static", "vector")
 LLOYD_MAX_FORMATS = ("int5", "int4", "int3", "int2")
-VECTOR_FORMATS = ("int4", "int2")
+VECTOR_FORMATS = ("int4", "int2", "int1")
 GRANULARITIES = ("per_tensor", "per_token", "per_channel", "per_group")
 SCALE_DTYPES = ("float32", "bfloat16", "float16")
 # kvq: the project's rounding (scale rounded up into scale_dtype, codes from
@@ -63,7 +64,7 @@ SCALE_DTYPES = ("float32", "bfloat16", "float16")
 ROUNDINGS = ("kvq", "ggml")
 
 _INT_FORMATS = ("int8", "int5", "int4", "int3", "int2")
-_BITS = {"int8": 8, "int5": 5, "int4": 4, "int3": 3, "int2": 2,
+_BITS = {"int8": 8, "int5": 5, "int4": 4, "int3": 3, "int2": 2, "int1": 1,
          "fp8_e4m3": 8, "fp8_e5m2": 8}
 _FP8_DTYPES = {"fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}
 
@@ -88,8 +89,8 @@ class QuantSpec:
       uniform codes over the fixed range [-clip_ratio, clip_ratio]; integer
       formats, per_token, rounding kvq), or over `levels` when given, or
       "vector" (scale only; one uint8 index per 8 // bits elements into
-      `kvq_jax.quant.vector_codebook`'s table; int4 and int2, otherwise as
-      lloyd_max).
+      `kvq_jax.quant.vector_codebook`'s table; int4, int2 and int1,
+      otherwise as lloyd_max).
     granularity: one of `GRANULARITIES` (see the module docstring).
     group_size: per_group: elements per group along `group_axis` (required).
       per_channel: tokens per group along `group_axis` (None: the whole axis).
@@ -157,6 +158,11 @@ class QuantSpec:
       raise ValueError(
           f"QuantSpec.scheme={self.scheme!r} is not supported; allowed: "
           f"{_allowed(SCHEMES)}.")
+    if self.format == "int1" and self.scheme != "vector":
+      raise ValueError(
+          f"QuantSpec.scheme={self.scheme!r} is not supported for "
+          "format='int1'; int1 allows only: vector (one 8-bit index per 8 "
+          "elements).")
     if self.is_float and self.scheme != "symmetric":
       raise ValueError(
           f"QuantSpec.scheme={self.scheme!r} is not supported for "

@@ -30,7 +30,7 @@ import numpy as np
 
 from kvq_jax.quant import codebook
 
-SUPPORTED_BITS = (2, 4)
+SUPPORTED_BITS = (1, 2, 4)
 INDEX_BITS = 8
 TABLE_PATH = pathlib.Path(__file__).with_name("vq_codebooks.npz")
 # The scalar start: Lloyd-Max levels of a coordinate of a large sphere
@@ -47,14 +47,18 @@ def _check(bits: int) -> None:
 
 
 def group_dim(bits: int) -> int:
-  """Elements coded by one index: 4 at 2 bits, 2 at 4 bits."""
+  """Elements coded by one index: 8 at 1 bit, 4 at 2 bits, 2 at 4 bits."""
   _check(bits)
   return INDEX_BITS // bits
 
 
 def product_start(bits: int) -> np.ndarray:
-  """The product of the scalar Lloyd-Max levels: float64 [256, c]."""
-  levels = codebook._centroids64(bits, _START_DIM)  # pylint: disable=protected-access
+  """The product of the scalar Lloyd-Max levels: float64 [256, c] (1 bit:
+  N(0, 1)'s +-sqrt(2/pi))."""
+  if bits == 1:
+    levels = np.sqrt(2.0 / np.pi) * np.array([-1.0, 1.0])
+  else:
+    levels = codebook._centroids64(bits, _START_DIM)  # pylint: disable=protected-access
   return np.asarray(list(itertools.product(levels, repeat=group_dim(bits))))
 
 
@@ -81,13 +85,13 @@ def fit_gaussian(bits: int, num_samples: int = 1 << 18, iters: int = 300,
                  seed: int = 0, tol: float = 1e-7) -> np.ndarray:
   """k-means codebook of N(0, I_c) for `bits` per element: float64 [256, c].
 
-  Lloyd iterations from `product_start` on `num_samples` draws of
-  `np.random.default_rng(seed)`, until no codeword moves by more than
-  `tol` or after `iters` iterations.
+  Lloyd iterations from `product_start` (1 bit: the first 256 draws) on
+  `num_samples` draws of `np.random.default_rng(seed)`, until no codeword
+  moves by more than `tol` or after `iters` iterations.
   """
   x = np.random.default_rng(seed).standard_normal(
       (num_samples, group_dim(bits)))
-  cb = product_start(bits)
+  cb = x[:256].copy() if bits == 1 else product_start(bits)
   for _ in range(iters):
     new = lloyd_step(x, cb)
     done = np.max(np.abs(new - cb)) < tol

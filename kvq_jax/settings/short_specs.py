@@ -4,13 +4,13 @@ Grammar: `fp` (full precision) | a llama.cpp type (`q8_0`, `q4_0`, `q4_1`,
 `q5_0`, `q5_1`: `kvq_jax.quant.ggml_spec`, bit-exact with llama.cpp) |
 `FORMAT[_gN | _pcN][_asym | _narrow | _lm | _st][_oN][_ggml][_clipR]` where
 FORMAT is int8,
-int5, int4, int3, int2, fp8_e4m3 or fp8_e5m2; `_gN` groups N elements along
+int5, int4, int3, int2, int1 (with `_vq` only), fp8_e4m3 or fp8_e5m2; `_gN` groups N elements along
 head_dim (per_group), `_pcN` groups N tokens per channel (per_channel, KIVI
 keys); neither means per_token; no scheme suffix means symmetric (all 2^bits
 levels), `_asym` asymmetric, `_narrow` symmetric_narrow (2^bits - 1 levels),
 `_lm` lloyd_max (a norm per group and Lloyd-Max codebook codes; int5..int2),
 `_vq` vector (a norm per group and one 8-bit index per 8 // bits elements
-into a 256-vector codebook; int4 and int2),
+into a 256-vector codebook; int4, int2 and int1),
 `_st` static (no scale: calibrated key ranges, KVQuant; keys only); `_oN`
 keeps N outliers per vector exactly (dense-and-sparse);
 `_ggml` selects rounding='ggml' with float16 scales (otherwise rounding
@@ -27,7 +27,7 @@ import re
 from kvq_jax.quant import GGML_TYPES, QuantSpec, ggml_name, ggml_spec
 
 _PATTERN = re.compile(
-    r"^(?P<format>int8|int5|int4|int3|int2|fp8_e4m3|fp8_e5m2)"
+    r"^(?P<format>int8|int5|int4|int3|int2|int1|fp8_e4m3|fp8_e5m2)"
     r"(?:_g(?P<group>\d+)|_pc(?P<channel>\d+))?"
     r"(?P<scheme>_asym|_narrow|_lm|_vq|_st)?(?:_o(?P<outliers>\d+))?"
     r"(?P<ggml>_ggml)?"

@@ -3,7 +3,7 @@ numpy oracle.
 
 Spec: K full precision, V `int2_vq` (one float32 least-squares scale per
 head vector, one 8-bit index per 4 elements into the shipped 256 x 4
-table), and again `int4_vq` (pairs). The oracle normalises every value
+table), and again `int4_vq` (pairs) and `int1_vq` (octets). The oracle normalises every value
 vector to norm sqrt(H) in float64, picks each group's nearest codeword,
 takes the least-squares scale, and attends in float64 with RoPE'd keys. It
 shares no code with the cache: the codebook table is its only input.
@@ -35,7 +35,7 @@ def _oracle_values(v_TxKxH, bits):
   return cu * scale
 
 
-@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("bits", [1, 2, 4])
 def test_decode_matches_the_numpy_oracle(bits):
   spec = CacheSpec(k=None, v=QuantSpec(f"int{bits}", "vector", "per_token",
                                        scale_dtype="float32"),

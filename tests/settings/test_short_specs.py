@@ -15,7 +15,7 @@ NAMES = ["fp", "int8", "int4_g32", "int4_g32_asym", "int2_pc32_asym",
          "q4_1", "q5_0", "q5_1", "int4_g64_ggml", "int3_g16_asym_ggml",
          "int8_narrow_ggml", "int4_lm", "int2_g32_lm", "int3_lm",
          "int4_st", "int3_st_o1", "int4_g32_asym_o2", "int4_lm_o1",
-         "int2_vq", "int4_vq", "int2_g32_vq"]
+         "int2_vq", "int4_vq", "int2_g32_vq", "int1_vq", "int1_g32_vq"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -113,3 +113,11 @@ def test_layer_overrides():
 def test_layer_override_errors(bad, match):
   with pytest.raises(ValueError, match=match):
     parse_layer_overrides(bad)
+
+
+def test_int1_exists_for_vector_codes_only():
+  assert parse_short_spec("int1_vq") == QuantSpec(
+      format="int1", scheme="vector", granularity="per_token")
+  for name in ("int1", "int1_asym", "int1_lm", "int1_st"):
+    with pytest.raises(ValueError, match="int1"):
+      parse_short_spec(name)
