@@ -73,10 +73,10 @@ def quant_spec_from_config(kv: ml_collections.ConfigDict,
   if kv.type == "none":
     return None
   if kv.type == "int":
-    if kv.bits not in (8, 5, 4, 3, 2):
+    if kv.bits not in (8, 5, 4, 3, 2, 1):
       raise ValueError(
           f"config.{field}.bits={kv.bits!r}: allowed for type='int': 8, 5, "
-          "4, 3, 2.")
+          "4, 3, 2, 1 (1 with scheme='vector' only).")
     fmt = f"int{kv.bits}"
   else:
     fmt = kv.type

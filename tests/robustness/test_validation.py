@@ -42,6 +42,7 @@ BAD = [
     ("cache.k.bits", 6, r"config\.cache\.k\.bits=6: allowed for type='int': 8, 5, "
      r"4, 3, 2"),
     ("cache.v.bits", 6, r"config\.cache\.v\.bits=6"),
+    ("cache.k.bits", 1, r"config\.cache\.k: .*int1 allows only: vector"),
     ("cache.k.scheme", "x", r"config\.cache\.k: QuantSpec\.scheme='x' .*allowed: "
      r"symmetric, symmetric_narrow, asymmetric"),
     ("cache.k.granularity", "x", r"config\.cache\.k: QuantSpec\.granularity='x' "
