@@ -35,6 +35,7 @@ import itertools
 import math
 from typing import Mapping, Sequence
 
+from absl import logging
 import numpy as np
 
 from kvq_jax.quant import cache_bits_per_element
@@ -182,6 +183,19 @@ def allocate(damage: DamageTable, num_layers: int,
   return best
 
 
+def _grid(options, den: int, budget_units: fractions.Fraction,
+          round_up: bool = False):
+  """Integer costs on a 1/den grid: (units, cheapest, limit, DP span);
+  round_up: costs rounded up to the grid (else exact multiples)."""
+  to_int = ((lambda c: math.ceil(c * den)) if round_up
+            else (lambda c: int(c * den)))
+  units = [[(f, to_int(c), d) for f, c, d in opts] for opts in options]
+  base = sum(opts[0][1] for opts in units)
+  limit = math.floor(budget_units * den + 1e-9)
+  span = min(limit - base, sum(opts[-1][1] - opts[0][1] for opts in units))
+  return units, base, limit, span
+
+
 class _BudgetError(ValueError):
   """The budget is below the cheapest assignment (`cheapest` bits)."""
 
@@ -228,13 +242,26 @@ def _allocate(damage: DamageTable, num_layers: int,
         opts.append((canonical, cost, d))
       options.append(sorted(opts, key=lambda o: o[1]))
   den = math.lcm(*[o[1].denominator for opts in options for o in opts])
-  units = [[(f, int(c * den), d) for f, c, d in opts] for opts in options]
-  base = sum(opts[0][1] for opts in units)
-  limit = math.floor(fractions.Fraction(budget).limit_denominator(1 << 20)
-                     * 2 * num_layers * den + 1e-9)
+  budget_units = fractions.Fraction(budget).limit_denominator(1 << 20) * (
+      2 * num_layers)
+  units, base, limit, span = _grid(options, den, budget_units)
+  if span + 1 > MAX_STATES:
+    # Exact costs with a large common denominator (e.g. head_dim 256 with
+    # per-layer constants): round every cost UP to a coarser power-of-two
+    # grid, so an assignment that fits the rounded budget fits the exact
+    # one; the achieved mean below is from the exact costs.
+    grid = 1 << 20
+    while grid > 1:
+      units, base, limit, span = _grid(options, grid, budget_units,
+                                       round_up=True)
+      if span + 1 <= MAX_STATES:
+        break
+      grid //= 2
+    logging.info("allocate: costs with denominator %d rounded up to 1/%d "
+                 "bit (%d states)", den, grid, span + 1)
   if limit < base:
-    raise _BudgetError(base / den / (2 * num_layers))
-  span = min(limit - base, sum(opts[-1][1] - opts[0][1] for opts in units))
+    raise _BudgetError(float(sum(opts[0][1] for opts in options))
+                       / (2 * num_layers))
   if span + 1 > MAX_STATES:
     raise ValueError(
         f"allocate: {span + 1} cost states (bit costs with denominator "
@@ -263,10 +290,11 @@ def _allocate(damage: DamageTable, num_layers: int,
     chosen.append(opts[j])
     state -= opts[j][1] - opts[0][1]
   chosen.reverse()
-  total_units = sum(c for _, c, _ in chosen)
   formats = [f for f, _, _ in chosen]
+  total = sum(dict((f, c) for f, c, _ in opts)[f]
+              for opts, f in zip(options, formats))
   return Allocation(
       k_formats=tuple(formats[:num_layers]),
       v_formats=tuple(formats[num_layers:]),
-      mean_bits=total_units / den / (2 * num_layers), budget=float(budget),
+      mean_bits=float(total) / (2 * num_layers), budget=float(budget),
       predicted_damage=float(sum(d for _, _, d in chosen)), metric=metric)

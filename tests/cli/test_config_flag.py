@@ -50,6 +50,19 @@ PRESET_BITS = {
     # cvmix250 15 layers of 3-bit keys and 15 of 2-bit, int2_vq values.
     "cvmix325": (3.0 + (4 * 4.25 + 4 * 2.25 + 22 * 3.25) / 30) / 2,
     "cvmix250": ((15 * 3.0 + 15 * 2.0) / 30 + 2.25) / 2,
+    # cvmix200: K 13 layers at 3 bits, 17 at 2; V 2 layers int2_vq, 28
+    # int1_vq (1 + 16/64 = 1.25).
+    "cvmix200": ((13 * 3.0 + 17 * 2.0) / 30 + (2 * 2.25 + 28 * 1.25) / 30) / 2,
+    # The Gemma 3 presets (18 layers) on SmolLM2's 30: layers 18-29 keep
+    # ca3's int3_st / int3_lm. gemma_cvmix325: K 3 bits everywhere; V 4
+    # int4_vq, 2 int2_vq, 12 + 12 int3_lm. gemma_cvmix250: K one layer at 2
+    # bits; V 12 int2_vq, 6 int1_vq, 12 int3_lm. gemma_cvmix200: K 8 layers
+    # at 2 bits; V 1 int2_vq, 17 int1_vq, 12 int3_lm.
+    "gemma_cvmix325": (3.0 + (4 * 4.25 + 2 * 2.25 + 24 * 3.25) / 30) / 2,
+    "gemma_cvmix250": ((29 * 3.0 + 2.0) / 30
+                       + (12 * 2.25 + 6 * 1.25 + 12 * 3.25) / 30) / 2,
+    "gemma_cvmix200": ((22 * 3.0 + 8 * 2.0) / 30
+                       + (1 * 2.25 + 17 * 1.25 + 12 * 3.25) / 30) / 2,
 }
 # Fixed (capacity-independent) cache bytes per sequence, by hand: 30 layers x
 # 3 KV heads x 64 dims x 2 bytes (bfloat16 full-precision regions) x the
@@ -148,7 +161,7 @@ def test_preset_loads_locked_and_converts(name, key_stats_dir):
   # constants (codebooks, key statistics), by hand.
   if name.startswith(("tqmix", "kqmix")):
     assert fixed == _mix_constants(spec)
-  elif name.startswith(("tc", "ca", "cvmix")):
+  elif name.startswith(("tc", "ca", "cvmix", "gemma_cvmix")):
     assert fixed == _transform_constants(spec, basis=name.startswith("tc"))
   else:
     assert fixed == PRESET_FIXED_BYTES.get(name, 0)

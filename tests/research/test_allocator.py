@@ -266,3 +266,42 @@ def test_fixed_tables_are_paid_once_against_brute_force():
 def mean_bits_of(a: allocator.Allocation, bits: dict) -> float:
   formats = a.k_formats + a.v_formats
   return sum(bits[f] for f in formats) / len(formats)
+
+
+def test_too_many_cost_states_round_costs_up_instead_of_failing(
+    monkeypatch):
+  """Exact costs whose common denominator needs more DP states than
+  MAX_STATES (Gemma 3's head_dim 256 with per-layer constants gave 12
+  million): the costs are rounded up to a power-of-two grid, so the
+  assignment still fits the budget on its exact costs, and it can only
+  lose to the exact optimum (brute force over 3^4 assignments)."""
+  import itertools
+  cands = ("int8", "int4_g32", "int2_g32_asym")
+  damage = {(t, i, f): {"int8": 0.001, "int4_g32": 0.02,
+                        "int2_g32_asym": 0.3}[f] * (1 + i + (t == "V"))
+            for t in ("K", "V") for i in range(2) for f in cands}
+  constants = {(t, i, f): (37 * i + 11 * (t == "V") + 5 * len(f)) / 1024
+               for t in ("K", "V") for i in range(2) for f in cands}
+  slots = [("K", 0), ("K", 1), ("V", 0), ("V", 1)]
+
+  def exact_cost(combo):
+    return sum(BITS[f] + constants[(t, i, f)]
+               for (t, i), f in zip(slots, combo)) / 4
+
+  for budget in (4.0, 5.5, 7.0):
+    best = min(sum(damage[(t, i, f)] for (t, i), f in zip(slots, combo))
+               for combo in itertools.product(cands, repeat=4)
+               if exact_cost(combo) <= budget)
+    exact = allocator.allocate(damage, 2, cands, cands, budget, head_dim=H,
+                               fp_bits=FP, constant_bits=constants)
+    assert exact.predicted_damage == pytest.approx(best)
+    with monkeypatch.context() as m:
+      m.setattr(allocator, "MAX_STATES", 40)
+      coarse = allocator.allocate(damage, 2, cands, cands, budget,
+                                  head_dim=H, fp_bits=FP,
+                                  constant_bits=constants)
+    combo = coarse.k_formats + coarse.v_formats
+    combo = (combo[0], combo[1], combo[2], combo[3])
+    assert coarse.mean_bits == pytest.approx(exact_cost(combo))
+    assert coarse.mean_bits <= budget
+    assert coarse.predicted_damage >= best - 1e-12
