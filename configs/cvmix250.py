@@ -12,7 +12,10 @@ float32, 2-core CPU, sweep runs/issue34/verify_vq2, one baseline pass):
 dPPL +5.61 [+5.10, +6.13] against baseline PPL 23.5115, KL 0.212 ±
 0.006, top-1 0.751 ± 0.005; effective 2.489 bits at 512 tokens, 2.389 at
 4096 (stored 2.375). Paired in the same run: ΔNLL −0.0632 ± 0.0089 nats
-against kqmix250 (z −7.1). The issue's goal (<= 4.0) is missed.
+against kqmix250 (z −7.1). The issue's goal (<= 4.0) is missed. Re-measured
+in a later session (runs/issue34/verify_low, key statistics rebuilt, AMD
+EPYC CPU): +5.32 [+4.86, +5.78], KL 0.210; in that run an allocation
+that may also use int1_vq values was worse by +0.0585 ± 0.0069 nats.
 
 Regenerate: experiments.layer_sensitivity --config=ca3 --from_end
 --noall_but_one --config.eval.num_windows=2 --k_formats=int4_st,int2_st
