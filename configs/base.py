@@ -40,6 +40,9 @@ Fields (override any with --config.FIELD=VALUE):
                    coded keys' widths from the calibrated error tables, or
                    k.bits for every component; see configs/tc3.py)
   attention.impl   xla | pallas (decode attention over the packed cache)
+  attention.code_read  dequantize | lookup (how the XLA path reads vector
+                   codes: lookup scores q . centroid tables and sums the
+                   centroids, no dense copy; kvq_jax/cache/code_lookup.py)
   memory.*         budget_gib (total GiB for weights + KV cache; 0 = auto:
                    the weights plus 1 GiB for the cache, so every model
                    fits) and weight_dtype for the context-that-fits and
@@ -87,7 +90,8 @@ def get_config() -> ml_collections.ConfigDict:
       key_stats="", block_size=256,
       layer_overrides="", window_dtype="bfloat16",
       component_allocation="greedy"))
-  c.attention = ml_collections.ConfigDict(dict(impl="xla"))
+  c.attention = ml_collections.ConfigDict(dict(impl="xla",
+                                                code_read="dequantize"))
   c.memory = ml_collections.ConfigDict(dict(
       budget_gib=0.0, weight_dtype="bfloat16"))
   c.decode_bench = ml_collections.ConfigDict(dict(

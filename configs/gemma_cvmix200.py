@@ -7,7 +7,9 @@ constant charged, 1.9873 achieved, predicted KL +0.553) from one-layer
 probes on the LAST 2 windows of the text: K int2_st in layers 2, 4, 7, 8, 9, 10, 15, 16, int3_st elsewhere; V int2_vq in layer 4, int1_vq elsewhere.
 
 Verified in one sweep on 40 x 512 windows: runs/issue34/gemma_verify,
-figures in WORKSPACE.md "Gemma 3 270M: allocated presets".
+baseline PPL 17.40:
+1.96 effective bits @512 (1.84 stored), dPPL +7.64 [+7.16, +8.12], KL 0.349, top-1 0.707
+(WORKSPACE.md "Gemma 3 270M: allocated presets").
 
 Regenerate (WORKSPACE.md "Gemma 3 270M: allocated presets"):
 experiments.layer_sensitivity --config=ca3 --model=gemma3-270m --from_end

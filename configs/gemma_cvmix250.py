@@ -7,7 +7,9 @@ constant charged, 2.4932 achieved, predicted KL +0.179) from one-layer
 probes on the LAST 2 windows of the text: K int2_st in layer 4, int3_st elsewhere; V int1_vq in layers 5, 6, 9, 14, 16, 17, int2_vq elsewhere.
 
 Verified in one sweep on 40 x 512 windows: runs/issue34/gemma_verify,
-figures in WORKSPACE.md "Gemma 3 270M: allocated presets".
+baseline PPL 17.40:
+2.47 effective bits @512 (2.34 stored), dPPL +2.60 [+2.33, +2.88], KL 0.139, top-1 0.808
+(WORKSPACE.md "Gemma 3 270M: allocated presets").
 
 Regenerate (WORKSPACE.md "Gemma 3 270M: allocated presets"):
 experiments.layer_sensitivity --config=ca3 --model=gemma3-270m --from_end

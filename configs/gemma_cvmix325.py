@@ -7,7 +7,9 @@ constant charged, 3.2318 achieved, predicted KL +0.0565) from one-layer
 probes on the LAST 2 windows of the text: K int3_st in every layer; V int4_vq in layers 1, 3, 8, 11, int2_vq in 16, 17, int3_lm elsewhere.
 
 Verified in one sweep on 40 x 512 windows: runs/issue34/gemma_verify,
-figures in WORKSPACE.md "Gemma 3 270M: allocated presets".
+baseline PPL 17.40:
+3.21 effective bits @512 (3.09 stored), dPPL +0.78 [+0.63, +0.94], KL 0.0449, top-1 0.893
+(WORKSPACE.md "Gemma 3 270M: allocated presets").
 
 Regenerate (WORKSPACE.md "Gemma 3 270M: allocated presets"):
 experiments.layer_sensitivity --config=ca3 --model=gemma3-270m --from_end

@@ -153,22 +153,46 @@ def planar_block_attention(q_BxKxGxTxH: jax.Array, k_planes, v_planes,
   every plane element. None: the rows are found in the planes
   (`split_nonfinite_planes`).
   """
-  pk = len(k_planes)
-  scores = sum(jnp.einsum("bkgth,bklh->bkgtl", q_BxKxGxTxH[..., j::pk], kp,
-                          preferred_element_type=jnp.float32)
-               for j, kp in enumerate(k_planes))
-  mask = mask_BxTxL[:, None, None]
-  scores = jnp.where(mask, scores, MASK_VALUE)
-  m = jnp.max(scores, axis=-1)
-  p = jnp.where(mask, jnp.exp(scores - m[..., None]), 0.0)
   if v_bad_BxKxL is None:
     v_planes, sees_bad_BxKxT = split_nonfinite_planes(v_planes, mask_BxTxL)
   else:
-    sees_bad_BxKxT = jnp.any(mask_BxTxL[:, None] & v_bad_BxKxL[:, :, None],
-                             axis=-1)
-  accs = [jnp.einsum("bkgtl,bklh->bkgth", p, vp,
+    sees_bad_BxKxT = rows_seen(mask_BxTxL, v_bad_BxKxL)
+  return weighted_block_state(plane_scores(q_BxKxGxTxH, k_planes), mask_BxTxL,
+                              lambda p: plane_values(p, v_planes),
+                              sees_bad_BxKxT)
+
+
+def plane_scores(q_BxKxGxTxH: jax.Array, k_planes) -> jax.Array:
+  """Scores [B, K, G, T, L]: one dot per key plane [B, K, L, H / P] with
+  the matching strided query, summed."""
+  pk = len(k_planes)
+  return sum(jnp.einsum("bkgth,bklh->bkgtl", q_BxKxGxTxH[..., j::pk], kp,
+                        preferred_element_type=jnp.float32)
+             for j, kp in enumerate(k_planes))
+
+
+def plane_values(p_BxKxGxTxL: jax.Array, v_planes) -> jax.Array:
+  """Weighted values [B, K, G, T, H] of value planes, interleaved back."""
+  accs = [jnp.einsum("bkgtl,bklh->bkgth", p_BxKxGxTxL, vp,
                      preferred_element_type=jnp.float32) for vp in v_planes]
-  acc = accs[0] if len(accs) == 1 else interleave_planes(accs)
+  return accs[0] if len(accs) == 1 else interleave_planes(accs)
+
+
+def rows_seen(mask_BxTxL: jax.Array, rows_BxKxL: jax.Array) -> jax.Array:
+  """bool [B, K, T]: query t sees a marked row."""
+  return jnp.any(mask_BxTxL[:, None] & rows_BxKxL[:, :, None], axis=-1)
+
+
+def weighted_block_state(scores_BxKxGxTxL: jax.Array, mask_BxTxL: jax.Array,
+                         values_fn, sees_bad_BxKxT: jax.Array):
+  """(max, sum, weighted values) of one block from its raw scores:
+  `values_fn(p [B, K, G, T, L])` gives the weighted values [B, K, G, T, H];
+  queries in `sees_bad_BxKxT` get NaN values."""
+  mask = mask_BxTxL[:, None, None]
+  scores = jnp.where(mask, scores_BxKxGxTxL, MASK_VALUE)
+  m = jnp.max(scores, axis=-1)
+  p = jnp.where(mask, jnp.exp(scores - m[..., None]), 0.0)
+  acc = values_fn(p)
   acc = jnp.where(sees_bad_BxKxT[:, :, None, :, None], jnp.nan, acc)
   return m, jnp.sum(p, axis=-1), acc
 

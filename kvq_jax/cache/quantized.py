@@ -66,6 +66,7 @@ from flax import struct
 from kvq_jax.cache import hadamard
 from kvq_jax.cache.attention import (block_attention, merge_states,
                                      per_iteration, planar_block_attention)
+from kvq_jax.cache.code_lookup import lookup_block_attention
 from kvq_jax.cache.folded_attention import folded_block_attention, folds_scales
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.kernels.decode_attention import DEFAULT_BLOCK_K, decode_attention
@@ -680,9 +681,17 @@ class QuantizedLayerCache:
         q = rope.rotate(q, *rope.cos_sin(-start))
         k_planes = pre_rope_key_planes(spec, kb, rope, offsets_cos,
                                        offsets_sin)
+      elif spec.looks_up("k"):
+        k_planes = kb  # Read by lookup (cache/code_lookup.py).
       else:
         k_planes = read_planes(kb, spec.k)
-      v_planes, v_bad = read_value_planes(vb, spec.v)
+      if spec.looks_up("v"):
+        v_planes, v_bad = vb, None
+      else:
+        v_planes, v_bad = read_value_planes(vb, spec.v)
+      if spec.looks_up("k") or spec.looks_up("v"):
+        return merge_states(carry, lookup_block_attention(
+            q, k_planes, v_planes, mask, v_bad))
       return merge_states(carry, planar_block_attention(
           q, k_planes, v_planes, mask, v_bad))
 

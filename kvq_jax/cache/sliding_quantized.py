@@ -159,6 +159,13 @@ class SlidingQuantizedLayerCache:
           "SlidingQuantizedLayerCache: attention_impl='pallas' is "
           f"unsupported on a sliding-window layer: {RING_PALLAS_REASON} Use "
           "'xla' or a fallback tuple ('pallas', 'xla').")
+    if spec.code_read == "lookup" and (spec.k is not None and spec.k.is_vector
+                                       or spec.v is not None
+                                       and spec.v.is_vector):
+      raise ValueError(
+          "SlidingQuantizedLayerCache: code_read='lookup' is unsupported on "
+          "a sliding-window layer: its ring of at most W tokens is "
+          "dequantized whole each step. Use code_read='dequantize'.")
     if spec.hadamard_k or spec.hadamard_v:
       hadamard.hadamard_matrix_np(head_dim)  # validates power of two.
     check_key_affine(spec, num_kv_heads, head_dim)

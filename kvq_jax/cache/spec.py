@@ -32,6 +32,13 @@ an ordered tuple such as ("pallas", "xla") that falls back with a warning
 where the kernel cannot run. An explicit "pallas" that cannot run raises.
 `interpret` runs the kernel in the Pallas interpreter (None: exactly when the
 default backend is the CPU, which has no Pallas lowering).
+
+Vector codes in the XLA path (`code_read`): "dequantize" (default: each
+block is reconstructed, then attended) or "lookup" (`cache/code_lookup.py`:
+scores from a q . centroid table, values from a histogram of the attention
+weights over the centroids; no dense copy of the block). "lookup" needs a
+vector-coded tensor that it can read (values; keys only post-RoPE) and is
+refused on sliding-window layers, whose ring is dequantized whole.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import dataclasses
 import math
 from typing import Sequence
 
+from kvq_jax.cache.code_lookup import CODE_READS, lookup_reason
 from kvq_jax.cache.key_affine import BOOK_MODES, KeyAffine
 from kvq_jax.kernels.cache_layout import SUPPORTED_FORMATS
 from kvq_jax.kernels.dispatch import normalize_implementation
@@ -98,6 +106,12 @@ def _check_window_dtype(value) -> None:
         f"{', '.join(WINDOW_DTYPES)}.")
 
 
+def _check_code_read(value) -> None:
+  if value not in CODE_READS:
+    raise ValueError(
+        f"CacheSpec.code_read={value!r}: allowed: {', '.join(CODE_READS)}.")
+
+
 def _channel_group(spec: QuantSpec | None) -> int:
   if spec is not None and spec.granularity == "per_channel":
     if spec.group_size is None:
@@ -127,12 +141,19 @@ class LayerSpec:
   attention_impl: AttentionImpl = "xla"
   interpret: bool | None = None
   window_dtype: str = "bfloat16"
+  code_read: str = "dequantize"
 
   def __post_init__(self):
     object.__setattr__(self, "attention_impl",
                        _attention_impl(self.attention_impl))
     _check_interpret(self.interpret)
     _check_window_dtype(self.window_dtype)
+    _check_code_read(self.code_read)
+    if self.code_read == "lookup":
+      for name, spec in (("k", self.k), ("v", self.v)):
+        reason = lookup_reason(spec, name, self.key_rope)
+        if reason:
+          raise ValueError(f"LayerSpec.code_read='lookup': {reason}")
     small, large = sorted((self.flush_k, self.flush_v))
     if small < 1 or large % small:
       raise ValueError(
@@ -142,6 +163,12 @@ class LayerSpec:
   @property
   def is_full_precision(self) -> bool:
     return self.k is None and self.v is None
+
+  def looks_up(self, name: str) -> bool:
+    """Whether tensor `name` ('k' or 'v') is read by lookup."""
+    spec = self.k if name == "k" else self.v
+    return (self.code_read == "lookup" and spec is not None
+            and spec.is_vector)
 
   @property
   def attention_choices(self) -> tuple[str, ...]:
@@ -245,6 +272,8 @@ class CacheSpec:
     window_dtype: storage dtype of the full-precision regions (residual
       window, flush window, sinks): bfloat16 (default, as KIVI and Hugging
       Face keep their residual), float16 or float32.
+    code_read: "dequantize" | "lookup": how the XLA path reads vector codes
+      (module docstring).
   """
 
   k: QuantSpec | None = None
@@ -263,12 +292,14 @@ class CacheSpec:
   interpret: bool | None = None
   window_dtype: str = "bfloat16"
   component_allocation: str = "greedy"
+  code_read: str = "dequantize"
 
   def __post_init__(self):
     object.__setattr__(self, "attention_impl",
                        _attention_impl(self.attention_impl))
     _check_interpret(self.interpret)
     _check_window_dtype(self.window_dtype)
+    _check_code_read(self.code_read)
     if self.component_allocation not in COMPONENT_ALLOCATIONS:
       raise ValueError(
           f"CacheSpec.component_allocation={self.component_allocation!r}: "
@@ -338,6 +369,27 @@ class CacheSpec:
       self._check_static(k, v, where)
     if normalize_implementation(self.attention_impl) == ("pallas",):
       self._check_explicit_pallas(overrides)
+    if self.code_read == "lookup":
+      self._check_lookup(overrides)
+
+  def _check_lookup(self, overrides) -> None:
+    """code_read='lookup' needs vector codes it can read, and no others."""
+    layers = [("", self.k, self.v)] + [
+        (f"layer_overrides[{i}].", k, v) for i, (_, k, v) in
+        enumerate(overrides)]
+    found = False
+    for where, k, v in layers:
+      for name, spec in (("k", k), ("v", v)):
+        reason = lookup_reason(spec, name, self.key_rope)
+        if reason:
+          raise ValueError(f"CacheSpec.code_read='lookup' ({where}{name}): "
+                           f"{reason}")
+        found = found or (spec is not None and spec.is_vector)
+    if not found:
+      raise ValueError(
+          "CacheSpec.code_read='lookup' reads vector codes, and no k or v "
+          "here is scheme='vector' (e.g. int2_vq); allowed: such a format, "
+          "or code_read='dequantize'.")
 
   def _check_static(self, k: QuantSpec | None, v: QuantSpec | None,
                     where: str) -> None:

@@ -170,6 +170,7 @@ def settings_from_config(config: ml_collections.ConfigDict
           key_affines=affines,
           block_size=cache.block_size,
           attention_impl=config.attention.impl,
+          code_read=config.attention.get("code_read", "dequantize"),
           window_dtype=cache.window_dtype,
           component_allocation=cache.get("component_allocation", "greedy"))
     except ValueError as e:
