@@ -662,6 +662,7 @@ class QuantizedLayerCache:
     # keys forward by their offset in it, from one table (no cos/sin of
     # every token per step; `Rope.rotate`).
     offsets_cos, offsets_sin = rope.cos_sin(jnp.arange(blk))
+    look_k, look_v = spec.looks_up("k"), spec.looks_up("v")
 
     def body(index, carry):
       start = index * blk
@@ -681,15 +682,15 @@ class QuantizedLayerCache:
         q = rope.rotate(q, *rope.cos_sin(-start))
         k_planes = pre_rope_key_planes(spec, kb, rope, offsets_cos,
                                        offsets_sin)
-      elif spec.looks_up("k"):
+      elif look_k:
         k_planes = kb  # Read by lookup (cache/code_lookup.py).
       else:
         k_planes = read_planes(kb, spec.k)
-      if spec.looks_up("v"):
+      if look_v:
         v_planes, v_bad = vb, None
       else:
         v_planes, v_bad = read_value_planes(vb, spec.v)
-      if spec.looks_up("k") or spec.looks_up("v"):
+      if look_k or look_v:
         return merge_states(carry, lookup_block_attention(
             q, k_planes, v_planes, mask, v_bad))
       return merge_states(carry, planar_block_attention(

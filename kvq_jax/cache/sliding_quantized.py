@@ -159,9 +159,7 @@ class SlidingQuantizedLayerCache:
           "SlidingQuantizedLayerCache: attention_impl='pallas' is "
           f"unsupported on a sliding-window layer: {RING_PALLAS_REASON} Use "
           "'xla' or a fallback tuple ('pallas', 'xla').")
-    if spec.code_read == "lookup" and (spec.k is not None and spec.k.is_vector
-                                       or spec.v is not None
-                                       and spec.v.is_vector):
+    if spec.looks_up("k") or spec.looks_up("v"):
       raise ValueError(
           "SlidingQuantizedLayerCache: code_read='lookup' is unsupported on "
           "a sliding-window layer: its ring of at most W tokens is "
