@@ -456,6 +456,28 @@ class CacheSpec:
       return self.flush_block
     return _channel_group(spec)
 
+  def key_format(self, k: QuantSpec | None, index: int) -> QuantSpec | None:
+    """Key format `k` (user layout) as layer `index` stores it: with key
+    affines, a static key gets its calibrated codebook, or under
+    component_allocation='greedy' in transform mode a width per component
+    with a codebook per width. Used for the layer's own format and for
+    every format a sensitivity probe tries there
+    (`research.selective_cache.layer_specs`)."""
+    if not self.key_affines or k is None:
+      return k
+    affine = self.key_affines[index]
+    widths = (affine.component_widths(k.bits)
+              if self.component_allocation == "greedy"
+              and not k.has_scale and not k.component_bits else None)
+    if widths is not None:  # Transform coding: a width per component.
+      books = tuple((w, affine.levels(w)) for w in sorted(set(widths))
+                    if w and affine.levels(w))
+      return dataclasses.replace(k, levels=(), component_bits=widths,
+                                 width_levels=books)
+    if not k.has_scale and not k.levels and affine.levels(k.bits):
+      return dataclasses.replace(k, levels=affine.levels(k.bits))
+    return k
+
   def layer(self, index: int) -> LayerSpec:
     k, v = self.k, self.v
     for layer, ko, vo in self.layer_overrides:
@@ -466,19 +488,9 @@ class CacheSpec:
               if f.name not in ("k", "v", "flush_k", "flush_v",
                                 "rotation_key", "key_affine")}
     key = None if self.rotation_seed is None else (self.rotation_seed, index)
-    affine = None
-    if self.key_affines and k is not None:
-      affine = self.key_affines[index]
-      widths = (affine.component_widths(k.bits)
-                if self.component_allocation == "greedy"
-                and not k.has_scale and not k.component_bits else None)
-      if widths is not None:  # Transform coding: a width per component.
-        books = tuple((w, affine.levels(w)) for w in sorted(set(widths))
-                      if w and affine.levels(w))
-        k = dataclasses.replace(k, levels=(), component_bits=widths,
-                                width_levels=books)
-      elif not k.has_scale and not k.levels and affine.levels(k.bits):
-        k = dataclasses.replace(k, levels=affine.levels(k.bits))
+    affine = (self.key_affines[index] if self.key_affines and k is not None
+              else None)
+    k = self.key_format(k, index)
     return LayerSpec(k=to_cache_layout(k, "k"), v=to_cache_layout(v, "v"),
                      flush_k=self._flush(k), flush_v=self._flush(v),
                      rotation_key=key, key_affine=affine, **shared)

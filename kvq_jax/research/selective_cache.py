@@ -312,16 +312,20 @@ def layer_specs(config: ModelConfig, spec: CacheSpec,
   """Per-layer `SelectiveSpec`s: choice 1 is `spec`'s own format there.
 
   Choices 2, 3, ... are `extra_k` / `extra_v` (the same for every layer;
-  user layout, as in a `CacheSpec`). Raises ValueError for a format the
+  user layout, as in a `CacheSpec`). A key choice is stored as the layer
+  would store it as an override (`CacheSpec.key_format`: its calibrated
+  codebook, or its per-component widths), so a probe measures the format
+  an allocation built from it will run. Raises ValueError for a format the
   probe cannot emulate (per_tensor).
   """
-  extra_k = tuple(to_cache_layout(f, "extra_k") for f in extra_k)
   extra_v = tuple(to_cache_layout(f, "extra_v") for f in extra_v)
   out = []
   for i in range(config.num_layers):
     layer = spec.layer(i)
+    layer_k = tuple(to_cache_layout(spec.key_format(f, i), "extra_k")
+                    for f in extra_k)
     out.append(SelectiveSpec(
-        k_formats=(layer.k,) + extra_k,
+        k_formats=(layer.k,) + layer_k,
         v_formats=(layer.v,) + extra_v,
         key_rope=layer.key_rope, hadamard_k=layer.hadamard_k,
         hadamard_v=layer.hadamard_v, rotation_key=layer.rotation_key,
