@@ -46,13 +46,16 @@ PRESET_BITS = {
     # The same widths per native channel (no basis).
     "ca4": (4.0 + 4.25) / 2, "ca3": (3.0 + 3.25) / 2, "ca2": (2.0 + 2.25) / 2,
     # ca keys with allocated values (int4_vq / int3_lm / int2_vq: b + 0.25):
-    # cvmix325 3-bit keys, V 4 layers at 4.25, 4 at 2.25, 22 at 3.25;
-    # cvmix250 15 layers of 3-bit keys and 15 of 2-bit, int2_vq values.
+    # cvmix325 3-bit keys, V 4 layers at 4.25, 4 at 2.25, 22 at 3.25.
+    # cvmix250: K 12 layers at 3 bits, 18 at 2; V 1 int3_lm, 1 int4_vq, 28
+    # int2_vq.
     "cvmix325": (3.0 + (4 * 4.25 + 4 * 2.25 + 22 * 3.25) / 30) / 2,
-    "cvmix250": ((15 * 3.0 + 15 * 2.0) / 30 + 2.25) / 2,
-    # cvmix200: K 13 layers at 3 bits, 17 at 2; V 2 layers int2_vq, 28
+    "cvmix250": ((12 * 3.0 + 18 * 2.0) / 30
+                 + (3.25 + 4.25 + 28 * 2.25) / 30) / 2,
+    # cvmix200: K 2 layers at 3 bits, 28 at 2; V 1 int3_lm, 11 int2_vq, 18
     # int1_vq (1 + 16/64 = 1.25).
-    "cvmix200": ((13 * 3.0 + 17 * 2.0) / 30 + (2 * 2.25 + 28 * 1.25) / 30) / 2,
+    "cvmix200": ((2 * 3.0 + 28 * 2.0) / 30
+                 + (3.25 + 11 * 2.25 + 18 * 1.25) / 30) / 2,
     # The Gemma 3 presets (18 layers) on SmolLM2's 30: layers 18-29 keep
     # ca3's int3_st / int3_lm. gemma_cvmix325: K 3 bits everywhere; V 4
     # int4_vq, 2 int2_vq, 12 + 12 int3_lm. gemma_cvmix250: K one layer at 2
@@ -63,6 +66,20 @@ PRESET_BITS = {
                        + (12 * 2.25 + 6 * 1.25 + 12 * 3.25) / 30) / 2,
     "gemma_cvmix200": ((22 * 3.0 + 8 * 2.0) / 30
                        + (1 * 2.25 + 17 * 1.25 + 12 * 3.25) / 30) / 2,
+    # The Qwen2.5-Coder-0.5B presets (24 layers): layers 24-29 keep ca3's
+    # int3_st / int3_lm. qwen_cvmix425: K 1 int3_st, 23 int4_st; V 23
+    # int4_vq, 1 int3_lm. qwen_cvmix325: K 1 int2_st, 20 int3_st, 3 int4_st;
+    # V 17 int3_lm, 5 int2_vq, 2 int4_vq. qwen_cvmix250: K 17 int2_st, 7
+    # int3_st; V 19 int2_vq, 5 int3_lm. qwen_cvmix200: K int2_st; V 11
+    # int2_vq, 13 int1_vq.
+    "qwen_cvmix425": ((3.0 + 23 * 4.0 + 6 * 3.0) / 30
+                      + (23 * 4.25 + 7 * 3.25) / 30) / 2,
+    "qwen_cvmix325": ((2.0 + 20 * 3.0 + 3 * 4.0 + 6 * 3.0) / 30
+                      + (23 * 3.25 + 5 * 2.25 + 2 * 4.25) / 30) / 2,
+    "qwen_cvmix250": ((17 * 2.0 + 13 * 3.0) / 30
+                      + (19 * 2.25 + 11 * 3.25) / 30) / 2,
+    "qwen_cvmix200": ((24 * 2.0 + 6 * 3.0) / 30
+                      + (11 * 2.25 + 13 * 1.25 + 6 * 3.25) / 30) / 2,
 }
 # Fixed (capacity-independent) cache bytes per sequence, by hand: 30 layers x
 # 3 KV heads x 64 dims x 2 bytes (bfloat16 full-precision regions) x the
@@ -161,7 +178,7 @@ def test_preset_loads_locked_and_converts(name, key_stats_dir):
   # constants (codebooks, key statistics), by hand.
   if name.startswith(("tqmix", "kqmix")):
     assert fixed == _mix_constants(spec)
-  elif name.startswith(("tc", "ca", "cvmix", "gemma_cvmix")):
+  elif name.startswith(("tc", "ca", "cvmix", "gemma_cvmix", "qwen_cvmix")):
     assert fixed == _transform_constants(spec, basis=name.startswith("tc"))
   else:
     assert fixed == PRESET_FIXED_BYTES.get(name, 0)
