@@ -7,21 +7,13 @@ from one-layer probes on the LAST window of the text: K int2_st everywhere;
 V int2_vq in layers 0, 1, 2, 8, 10, 14, 16, 17, 19, 21, 23, int1_vq
 elsewhere.
 
-Verified in one sweep on 40 x 512 windows: runs/issue34b/qwen_verify,
-baseline PPL 31.84, one core of the 2-core CPU:
+Verified as qwen_cvmix325 (the same sweep):
 2.00 effective bits @512 (1.85 stored), dPPL +2.62 [+1.71, +3.55],
 KL 0.306, top-1 0.704
 (WORKSPACE.md "Qwen2.5-Coder-0.5B: allocated presets").
 
-Regenerate (WORKSPACE.md "Qwen2.5-Coder-0.5B: allocated presets"):
-experiments.layer_sensitivity --config=ca3 --model=qwen2.5-coder-0.5b
---from_end --noall_but_one --config.eval.num_windows=1
---k_formats=int4_st,int2_st, and again with
---v_formats=int4_vq,int2_vq,int1_vq; then experiments.allocate
---metric=kl_mean over both tables with --k_formats=int4_st,int3_st,int2_st
---v_formats=int4_vq,int3_lm,int2_vq,int1_vq --budget=2.0. Key
-statistics: ca3's for this model, built on first use and cached. Run:
-python -m experiments.run --config=qwen_cvmix200
+Regenerate: as qwen_cvmix325 (the same two tables) with --budget=2.0.
+Run: python -m experiments.run --config=qwen_cvmix200
 --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
 """
 

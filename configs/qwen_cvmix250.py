@@ -7,21 +7,13 @@ from one-layer probes on the LAST window of the text: K int3_st in layers 2,
 3, 8, 13, 17, 21, 23, int2_st elsewhere; V int3_lm in 1, 2, 8, 21, 23,
 int2_vq elsewhere.
 
-Verified in one sweep on 40 x 512 windows: runs/issue34b/qwen_verify,
-baseline PPL 31.84, one core of the 2-core CPU:
+Verified as qwen_cvmix325 (the same sweep):
 2.50 effective bits @512 (2.38 stored), dPPL +0.88 [+0.40, +1.37],
 KL 0.132, top-1 0.803
 (WORKSPACE.md "Qwen2.5-Coder-0.5B: allocated presets").
 
-Regenerate (WORKSPACE.md "Qwen2.5-Coder-0.5B: allocated presets"):
-experiments.layer_sensitivity --config=ca3 --model=qwen2.5-coder-0.5b
---from_end --noall_but_one --config.eval.num_windows=1
---k_formats=int4_st,int2_st, and again with
---v_formats=int4_vq,int2_vq,int1_vq; then experiments.allocate
---metric=kl_mean over both tables with --k_formats=int4_st,int3_st,int2_st
---v_formats=int4_vq,int3_lm,int2_vq,int1_vq --budget=2.5. Key
-statistics: ca3's for this model, built on first use and cached. Run:
-python -m experiments.run --config=qwen_cvmix250
+Regenerate: as qwen_cvmix325 (the same two tables) with --budget=2.5.
+Run: python -m experiments.run --config=qwen_cvmix250
 --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
 """
 

@@ -6,22 +6,14 @@ tokens with every constant charged, 4.2443 achieved, predicted KL +0.0136)
 from one-layer probes on the LAST window of the text: K int3_st in layer 0,
 int4_st elsewhere; V int3_lm in layer 5, int4_vq elsewhere.
 
-Verified in one sweep on 40 x 512 windows: runs/issue34b/qwen_verify,
-baseline PPL 31.84, one core of the 2-core CPU:
+Verified as qwen_cvmix325 (the same sweep):
 4.24 effective bits @512 (4.08 stored), dPPL −0.10 [−0.27, +0.07]
 (no measurable change), KL 0.0140, top-1 0.933; against ca4 (4.28 bits
 here, over the budget) ΔNLL +0.0020 ± 0.0028 nats, no measurable change
 (WORKSPACE.md "Qwen2.5-Coder-0.5B: allocated presets").
 
-Regenerate (WORKSPACE.md "Qwen2.5-Coder-0.5B: allocated presets"):
-experiments.layer_sensitivity --config=ca3 --model=qwen2.5-coder-0.5b
---from_end --noall_but_one --config.eval.num_windows=1
---k_formats=int4_st,int2_st, and again with
---v_formats=int4_vq,int2_vq,int1_vq; then experiments.allocate
---metric=kl_mean over both tables with --k_formats=int4_st,int3_st,int2_st
---v_formats=int4_vq,int3_lm,int2_vq,int1_vq --budget=4.25. Key
-statistics: ca3's for this model, built on first use and cached. Run:
-python -m experiments.run --config=qwen_cvmix425
+Regenerate: as qwen_cvmix325 (the same two tables) with --budget=4.25.
+Run: python -m experiments.run --config=qwen_cvmix425
 --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
 """
 
