@@ -58,14 +58,14 @@ PRESET_BITS = {
                  + (3.25 + 11 * 2.25 + 18 * 1.25) / 30) / 2,
     # The Gemma 3 presets (18 layers) on SmolLM2's 30: layers 18-29 keep
     # ca3's int3_st / int3_lm. gemma_cvmix325: K 3 bits everywhere; V 4
-    # int4_vq, 2 int2_vq, 12 + 12 int3_lm. gemma_cvmix250: K one layer at 2
-    # bits; V 12 int2_vq, 6 int1_vq, 12 int3_lm. gemma_cvmix200: K 8 layers
-    # at 2 bits; V 1 int2_vq, 17 int1_vq, 12 int3_lm.
+    # int4_vq, 2 int2_vq, 12 + 12 int3_lm. gemma_cvmix250: K 1 int4_st, 7
+    # int3_st, 10 int2_st; V 15 int2_vq, 3 + 12 int3_lm. gemma_cvmix200: K
+    # 1 int3_st, 17 int2_st; V 10 int2_vq, 8 int1_vq, 12 int3_lm.
     "gemma_cvmix325": (3.0 + (4 * 4.25 + 2 * 2.25 + 24 * 3.25) / 30) / 2,
-    "gemma_cvmix250": ((29 * 3.0 + 2.0) / 30
-                       + (12 * 2.25 + 6 * 1.25 + 12 * 3.25) / 30) / 2,
-    "gemma_cvmix200": ((22 * 3.0 + 8 * 2.0) / 30
-                       + (1 * 2.25 + 17 * 1.25 + 12 * 3.25) / 30) / 2,
+    "gemma_cvmix250": ((4.0 + 7 * 3.0 + 10 * 2.0 + 12 * 3.0) / 30
+                       + (15 * 2.25 + 15 * 3.25) / 30) / 2,
+    "gemma_cvmix200": ((3.0 + 17 * 2.0 + 12 * 3.0) / 30
+                       + (10 * 2.25 + 8 * 1.25 + 12 * 3.25) / 30) / 2,
     # The Qwen2.5-Coder-0.5B presets (24 layers): layers 24-29 keep ca3's
     # int3_st / int3_lm. qwen_cvmix425: K 1 int3_st, 23 int4_st; V 23
     # int4_vq, 1 int3_lm. qwen_cvmix325: K 1 int2_st, 20 int3_st, 3 int4_st;
