@@ -18,6 +18,11 @@ At 4096 tokens (runs/issue34/agreement_cv, 8 prompts) decode KL 0.073 ±
 (runs/issue34/passkey_cv, 24 prompts) it answers 16 against kqmix325's
 19, none of the 6 with the key at 0-25% depth at 4096.
 
+Allocated from key probes that ran int4_st/int2_st as bare uniform codes
+(fixed in 7d4b06d). Re-allocated from the fixed probes (runs/issue34b,
+WORKSPACE.md "Probes that measure what runs"): +1.55 at 3.25 bits, paired
++0.0036 ± 0.0046 nats against this preset, no measurable change; kept.
+
 Regenerate: experiments.layer_sensitivity --config=ca3 --from_end
 --noall_but_one --config.eval.num_windows=2 --k_formats=int4_st,int2_st
 --v_formats=int2_vq,int4_vq, then experiments.allocate --metric=kl_mean

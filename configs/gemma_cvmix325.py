@@ -11,6 +11,11 @@ baseline PPL 17.40:
 3.21 effective bits @512 (3.09 stored), dPPL +0.78 [+0.63, +0.94], KL 0.0449, top-1 0.893
 (WORKSPACE.md "Gemma 3 270M: allocated presets").
 
+Allocated from key probes that ran int4_st/int2_st as bare uniform codes
+(fixed in 7d4b06d). Re-allocated from the fixed probes (runs/issue34b,
+WORKSPACE.md "Probes that measure what runs"): +0.74 at 3.21 bits, paired
+−0.0026 ± 0.0029 nats against this preset, no measurable change; kept.
+
 Regenerate (WORKSPACE.md "Gemma 3 270M: allocated presets"):
 experiments.layer_sensitivity --config=ca3 --model=gemma3-270m --from_end
 --noall_but_one --config.eval.num_windows=2 --k_formats=int4_st,int2_st
