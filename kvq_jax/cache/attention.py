@@ -153,13 +153,21 @@ def planar_block_attention(q_BxKxGxTxH: jax.Array, k_planes, v_planes,
   every plane element. None: the rows are found in the planes
   (`split_nonfinite_planes`).
   """
+  return weighted_block_state(plane_scores(q_BxKxGxTxH, k_planes), mask_BxTxL,
+                              *plane_value_reader(v_planes, mask_BxTxL,
+                                                  v_bad_BxKxL))
+
+
+def plane_value_reader(v_planes, mask_BxTxL: jax.Array,
+                       v_bad_BxKxL: jax.Array | None):
+  """(values_fn, sees_bad [B, K, T]) of value planes for
+  `weighted_block_state`: `v_bad_BxKxL` marks rows already zeroed; None:
+  the non-finite rows are found in the planes and zeroed here."""
   if v_bad_BxKxL is None:
     v_planes, sees_bad_BxKxT = split_nonfinite_planes(v_planes, mask_BxTxL)
   else:
     sees_bad_BxKxT = rows_seen(mask_BxTxL, v_bad_BxKxL)
-  return weighted_block_state(plane_scores(q_BxKxGxTxH, k_planes), mask_BxTxL,
-                              lambda p: plane_values(p, v_planes),
-                              sees_bad_BxKxT)
+  return (lambda p: plane_values(p, v_planes)), sees_bad_BxKxT
 
 
 def plane_scores(q_BxKxGxTxH: jax.Array, k_planes) -> jax.Array:

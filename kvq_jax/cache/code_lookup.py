@@ -31,9 +31,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kvq_jax.cache.attention import (plane_scores, plane_values, rows_seen,
-                                     split_nonfinite_planes,
-                                     weighted_block_state)
+from kvq_jax.cache.attention import (plane_scores, plane_value_reader,
+                                     rows_seen, weighted_block_state)
 from kvq_jax.quant import QuantizedArray, QuantSpec, vector_codebook
 from kvq_jax.quant.planes import nonfinite_rows
 
@@ -60,6 +59,16 @@ def lookup_reason(spec: QuantSpec | None, name: str,
   return None
 
 
+def lookup_refusal(k: QuantSpec | None, v: QuantSpec | None,
+                   key_rope: str = "post") -> str | None:
+  """The first `lookup_reason` of a layer's k and v, or None."""
+  for name, spec in (("k", k), ("v", v)):
+    reason = lookup_reason(spec, name, key_rope)
+    if reason:
+      return reason
+  return None
+
+
 def _scale_per_index(store: QuantizedArray) -> jax.Array:
   """float32 [..., L, H/c]: the scale of every index's sub-vector."""
   spec = store.spec
@@ -70,15 +79,21 @@ def _scale_per_index(store: QuantizedArray) -> jax.Array:
   return jnp.repeat(scale, g // c, axis=-1)
 
 
-def lookup_scores(q_BxKxGxTxH: jax.Array, store: QuantizedArray) -> jax.Array:
-  """q . k' [B, K, G, T, L] of a vector-coded key block [B, K, L, H]."""
-  spec = store.spec
+def query_table(q_BxKxGxTxH: jax.Array, spec: QuantSpec) -> jax.Array:
+  """T [B, K, G, T, H/c, 256]: each query sub-vector's dot with every
+  centroid of `spec`'s table. It depends on the queries only, so a block
+  loop builds it once and reads every block's keys from it."""
   c = spec.vector_dim
   b, kh, g, t, h = q_BxKxGxTxH.shape
   table_Mxc = jnp.asarray(vector_codebook.centroids(spec.bits))
   q_BxKxGxTxJxc = q_BxKxGxTxH.astype(jnp.float32).reshape(
       b, kh, g, t, h // c, c)
-  t_BxKxGxTxJxM = jnp.einsum("bkgtjc,mc->bkgtjm", q_BxKxGxTxJxc, table_Mxc)
+  return jnp.einsum("bkgtjc,mc->bkgtjm", q_BxKxGxTxJxc, table_Mxc)
+
+
+def table_scores(t_BxKxGxTxJxM: jax.Array, store: QuantizedArray) -> jax.Array:
+  """q . k' [B, K, G, T, L] of a vector-coded key block [B, K, L, H] from
+  its queries' `query_table`."""
   u_BxKxLxJ = store.data.astype(jnp.int32)
   # T[b, k, g, t, j, u[b, k, l, j]] for every slot l: one gather.
   idx = u_BxKxLxJ[:, :, None, None, :, :]  # [B, K, 1, 1, L, J]
@@ -86,6 +101,11 @@ def lookup_scores(q_BxKxGxTxH: jax.Array, store: QuantizedArray) -> jax.Array:
       t_BxKxGxTxJxM[:, :, :, :, None], idx[..., None], axis=-1)[..., 0]
   s_BxKxLxJ = _scale_per_index(store)
   return jnp.einsum("bkgtlj,bklj->bkgtl", looked_BxKxGxTxLxJ, s_BxKxLxJ)
+
+
+def lookup_scores(q_BxKxGxTxH: jax.Array, store: QuantizedArray) -> jax.Array:
+  """q . k' [B, K, G, T, L] of a vector-coded key block [B, K, L, H]."""
+  return table_scores(query_table(q_BxKxGxTxH, store.spec), store)
 
 
 def lookup_values(p_BxKxGxTxL: jax.Array, store: QuantizedArray,
@@ -112,23 +132,23 @@ def lookup_values(p_BxKxGxTxL: jax.Array, store: QuantizedArray,
 
 
 def lookup_block_attention(q_BxKxGxTxH: jax.Array, k, v, mask_BxTxL,
-                           v_bad_BxKxL: jax.Array | None = None):
+                           v_bad_BxKxL: jax.Array | None = None,
+                           k_table: jax.Array | None = None):
   """`planar_block_attention` where `k` and/or `v` may be a vector-coded
   QuantizedArray block [B, K, L, H], read by lookup (module docstring);
   the other is a tuple of float32 planes as there (`v_bad_BxKxL` then
-  marks its non-finite rows, already zeroed; None: found in the planes)."""
+  marks its non-finite rows, already zeroed; None: found in the planes).
+  `k_table`: the queries' `query_table` for vector keys, built once per
+  loop (None: built here)."""
   if isinstance(k, QuantizedArray):
-    scores = lookup_scores(q_BxKxGxTxH, k)
+    if k_table is None:
+      k_table = query_table(q_BxKxGxTxH, k.spec)
+    scores = table_scores(k_table, k)
   else:
     scores = plane_scores(q_BxKxGxTxH, k)
   if isinstance(v, QuantizedArray):
     bad = nonfinite_rows(v)
-    sees_bad = rows_seen(mask_BxTxL, bad)
-    values_fn = lambda p: lookup_values(p, v, bad)
+    reader = (lambda p: lookup_values(p, v, bad)), rows_seen(mask_BxTxL, bad)
   else:
-    if v_bad_BxKxL is None:
-      v, sees_bad = split_nonfinite_planes(v, mask_BxTxL)
-    else:
-      sees_bad = rows_seen(mask_BxTxL, v_bad_BxKxL)
-    values_fn = lambda p: plane_values(p, v)
-  return weighted_block_state(scores, mask_BxTxL, values_fn, sees_bad)
+    reader = plane_value_reader(v, mask_BxTxL, v_bad_BxKxL)
+  return weighted_block_state(scores, mask_BxTxL, *reader)

@@ -66,7 +66,7 @@ from flax import struct
 from kvq_jax.cache import hadamard
 from kvq_jax.cache.attention import (block_attention, merge_states,
                                      per_iteration, planar_block_attention)
-from kvq_jax.cache.code_lookup import lookup_block_attention
+from kvq_jax.cache.code_lookup import lookup_block_attention, query_table
 from kvq_jax.cache.folded_attention import folded_block_attention, folds_scales
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.kernels.decode_attention import DEFAULT_BLOCK_K, decode_attention
@@ -663,6 +663,9 @@ class QuantizedLayerCache:
     # every token per step; `Rope.rotate`).
     offsets_cos, offsets_sin = rope.cos_sin(jnp.arange(blk))
     look_k, look_v = spec.looks_up("k"), spec.looks_up("v")
+    # Vector keys read by lookup (post-RoPE only): the queries' centroid
+    # table is the same for every block.
+    k_table = query_table(q_BxKxGxTxH, spec.k) if look_k else None
 
     def body(index, carry):
       start = index * blk
@@ -692,7 +695,7 @@ class QuantizedLayerCache:
         v_planes, v_bad = read_value_planes(vb, spec.v)
       if look_k or look_v:
         return merge_states(carry, lookup_block_attention(
-            q, k_planes, v_planes, mask, v_bad))
+            q, k_planes, v_planes, mask, v_bad, k_table))
       return merge_states(carry, planar_block_attention(
           q, k_planes, v_planes, mask, v_bad))
 

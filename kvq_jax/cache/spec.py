@@ -47,7 +47,7 @@ import dataclasses
 import math
 from typing import Sequence
 
-from kvq_jax.cache.code_lookup import CODE_READS, lookup_reason
+from kvq_jax.cache.code_lookup import CODE_READS, lookup_refusal
 from kvq_jax.cache.key_affine import BOOK_MODES, KeyAffine
 from kvq_jax.kernels.cache_layout import SUPPORTED_FORMATS
 from kvq_jax.kernels.dispatch import normalize_implementation
@@ -150,10 +150,9 @@ class LayerSpec:
     _check_window_dtype(self.window_dtype)
     _check_code_read(self.code_read)
     if self.code_read == "lookup":
-      for name, spec in (("k", self.k), ("v", self.v)):
-        reason = lookup_reason(spec, name, self.key_rope)
-        if reason:
-          raise ValueError(f"LayerSpec.code_read='lookup': {reason}")
+      reason = lookup_refusal(self.k, self.v, self.key_rope)
+      if reason:
+        raise ValueError(f"LayerSpec.code_read='lookup': {reason}")
     small, large = sorted((self.flush_k, self.flush_v))
     if small < 1 or large % small:
       raise ValueError(
@@ -374,18 +373,15 @@ class CacheSpec:
 
   def _check_lookup(self, overrides) -> None:
     """code_read='lookup' needs vector codes it can read, and no others."""
-    layers = [("", self.k, self.v)] + [
-        (f"layer_overrides[{i}].", k, v) for i, (_, k, v) in
+    layers = [("k, v", self.k, self.v)] + [
+        (f"layer_overrides[{i}]", k, v) for i, (_, k, v) in
         enumerate(overrides)]
-    found = False
     for where, k, v in layers:
-      for name, spec in (("k", k), ("v", v)):
-        reason = lookup_reason(spec, name, self.key_rope)
-        if reason:
-          raise ValueError(f"CacheSpec.code_read='lookup' ({where}{name}): "
-                           f"{reason}")
-        found = found or (spec is not None and spec.is_vector)
-    if not found:
+      reason = lookup_refusal(k, v, self.key_rope)
+      if reason:
+        raise ValueError(f"CacheSpec.code_read='lookup' ({where}): {reason}")
+    if not any(spec is not None and spec.is_vector
+               for _, k, v in layers for spec in (k, v)):
       raise ValueError(
           "CacheSpec.code_read='lookup' reads vector codes, and no k or v "
           "here is scheme='vector' (e.g. int2_vq); allowed: such a format, "
