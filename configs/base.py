@@ -32,7 +32,8 @@ Fields (override any with --config.FIELD=VALUE):
                    value,...]' built on first use for the model being run
                    (kvq_jax/calibration/auto_key_stats.py): calibrated
                    per-channel shift and scale of the pre-RoPE keys, needs
-                   key_rope='pre'),
+                   key_rope='pre'), cache.key_affine_dtype (float32 |
+                   float16: how that shift and scale are held and charged),
                    cache.block_size, cache.layer_overrides ('0,29:fp/fp;...'),
                    cache.window_dtype (bfloat16 | float16 | float32: storage
                    of the full-precision residual/flush window and sinks),
@@ -87,7 +88,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.cache = ml_collections.ConfigDict(dict(
       k=kv(), v=kv(), dtype="", residual=0, flush_block=0, sink=0,
       key_rope="post", hadamard_k=False, hadamard_v=False, rotation_seed=-1,
-      key_stats="", block_size=256,
+      key_stats="", key_affine_dtype="float32", block_size=256,
       layer_overrides="", window_dtype="bfloat16",
       component_allocation="greedy"))
   c.attention = ml_collections.ConfigDict(dict(impl="xla",

@@ -40,6 +40,10 @@ budget (bits x head_dim per vector) into one width per component with
 float32 scale per row (absmax / 127) and charged so (about 1 byte a
 value); writing and reading both use that stored R.
 
+`storage` is the dtype the shift and scale are held (and charged) in:
+float32, or float16 (rounded to nearest once, here; every read and write
+uses the rounded values: half the bytes, a relative change below 2^-11).
+
 `KeyAffine` is static configuration: hashable tuples, so it can live in the
 frozen `CacheSpec` / `LayerSpec` and be baked into compiled programs.
 """
@@ -53,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 MODES = ("std", "range", "transform")
+STORAGES = ("float32", "float16")
 BOOK_MODES = ("range", "transform")  # modes whose static keys use codebooks
 
 
@@ -73,7 +78,7 @@ class KeyAffine:
   ...), calibrated levels of the normalised keys for static keys of that
   many bits (range mode; `QuantSpec.levels`), () for uniform levels;
   rotation: [K][H][H] orthogonal matrices (module docstring), () for
-  none."""
+  none; storage: the dtype of shift and scale, one of `STORAGES`."""
 
   shift: tuple[tuple[float, ...], ...]
   scale: tuple[tuple[float, ...], ...]
@@ -81,13 +86,21 @@ class KeyAffine:
   codebooks: tuple = ()
   rotation: tuple = ()
   distortion: tuple = ()
+  storage: str = "float32"
 
   def __post_init__(self):
     if self.mode not in MODES:
       raise ValueError(f"KeyAffine.mode={self.mode!r}: allowed: "
                        f"{', '.join(MODES)}.")
+    if self.storage not in STORAGES:
+      raise ValueError(f"KeyAffine.storage={self.storage!r}: allowed: "
+                       f"{', '.join(STORAGES)}.")
     shift = np.asarray(self.shift, np.float32)
     scale = np.asarray(self.scale, np.float32)
+    if self.storage == "float16":
+      with np.errstate(over="ignore"):
+        shift, scale = (a.astype(np.float16).astype(np.float32)
+                        for a in (shift, scale))
     if shift.ndim != 2 or shift.shape != scale.shape:
       raise ValueError(
           f"KeyAffine: shift {shift.shape} and scale {scale.shape}; allowed: "
@@ -95,7 +108,7 @@ class KeyAffine:
     if not (np.all(np.isfinite(shift)) and np.all(np.isfinite(scale))
             and np.all(scale > 0)):
       raise ValueError("KeyAffine: shift must be finite and scale finite and "
-                       "> 0 everywhere.")
+                       f"> 0 everywhere (in storage {self.storage}).")
     books = tuple(sorted((int(b), tuple(np.asarray(c, np.float32).tolist()))
                          for b, c in dict(self.codebooks).items()))
     if books and self.mode not in BOOK_MODES:
@@ -202,11 +215,11 @@ class KeyAffine:
     return np.asarray(self.rotation, np.float32) if self.rotation else None
 
   def arrays(self) -> list[np.ndarray]:
-    """[shift, scale] as float32 [K, H], plus R [K, H, H] if rotated (what
-    the cache holds per layer; a codebook in use is charged with the key
-    spec, `QuantSpec.levels`)."""
-    out = [np.asarray(self.shift, np.float32),
-           np.asarray(self.scale, np.float32)]
+    """[shift, scale] as [K, H] in `storage`, plus R [K, H, H] if rotated
+    (what the cache holds per layer; a codebook in use is charged with the
+    key spec, `QuantSpec.levels`)."""
+    out = [np.asarray(self.shift, self.storage),
+           np.asarray(self.scale, self.storage)]
     if not self.rotation:
       return out
     if self.mode == "transform":  # Stored (and charged) as int8 rows.
@@ -222,7 +235,8 @@ class KeyAffine:
                 rotation_KxHxH: jax.Array | None = None) -> jax.Array:
     """R (k - mu) / s, float32, for heads-major keys; `rotation_KxHxH`
     replaces the stored R (the KL fit's rotation being learned)."""
-    shift, scale = (jnp.asarray(a)[:, None, :] for a in self.arrays()[:2])
+    shift, scale = (jnp.asarray(a, jnp.float32)[:, None, :]
+                    for a in self.arrays()[:2])
     x = k_BxKxTxH.astype(jnp.float32) - shift
     rotation = self._rotation(rotation_KxHxH)
     if rotation is not None:
@@ -233,7 +247,8 @@ class KeyAffine:
   def denormalize(self, k_BxKxTxH: jax.Array,
                   rotation_KxHxH: jax.Array | None = None) -> jax.Array:
     """R^T (k * s) + mu: the inverse of `normalize`."""
-    shift, scale = (jnp.asarray(a)[:, None, :] for a in self.arrays()[:2])
+    shift, scale = (jnp.asarray(a, jnp.float32)[:, None, :]
+                    for a in self.arrays()[:2])
     x = k_BxKxTxH.astype(jnp.float32) * scale
     rotation = self._rotation(rotation_KxHxH)
     if rotation is not None:

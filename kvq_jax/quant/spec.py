@@ -56,7 +56,13 @@ SCHEMES = ("symmetric", "symmetric_narrow", "asymmetric", "lloyd_max",
 LLOYD_MAX_FORMATS = ("int5", "int4", "int3", "int2")
 VECTOR_FORMATS = ("int4", "int2", "int1")
 GRANULARITIES = ("per_tensor", "per_token", "per_channel", "per_group")
-SCALE_DTYPES = ("float32", "bfloat16", "float16")
+SCALE_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn",
+                "float8_e5m2")
+# 8-bit scales: for the codebook schemes only (lloyd_max, vector), whose
+# least-squares scale is rounded to nearest and has no zero point: a
+# relative step of 2^-3 (e4m3fn; normal from 2^-6, max 448) or 2^-2 (e5m2;
+# normal from 2^-14, max 57344), against 2^-7 for bfloat16.
+FP8_SCALE_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 # kvq: the project's rounding (scale rounded up into scale_dtype, codes from
 #   the stored scale, round half to even).
 # ggml: llama.cpp's (gguf-py's) arithmetic: scale and zero in float32, codes
@@ -102,7 +108,8 @@ class QuantSpec:
       fp8: its absmax becomes r * absmax; asymmetric: its range [lo, hi]
       shrinks around the centre c = (lo + hi) / 2 to [c - r * w, c + r * w],
       w = (hi - lo) / 2.
-    scale_dtype: dtype of the stored scale (and zero point).
+    scale_dtype: dtype of the stored scale (and zero point); the 8-bit
+      `FP8_SCALE_DTYPES` for schemes lloyd_max and vector only.
     rounding: one of `ROUNDINGS`. "kvq" (default): the project's rule. "ggml":
       llama.cpp's arithmetic, so that quantize -> dequantize reproduces
       gguf-py's Q8_0 (int8 symmetric_narrow), Q4_0 / Q5_0 (int4 / int5
@@ -179,6 +186,14 @@ class QuantSpec:
       raise ValueError(
           f"QuantSpec.scale_dtype={self.scale_dtype!r} is not supported; "
           f"allowed: {_allowed(SCALE_DTYPES)}.")
+    if self.scale_dtype in FP8_SCALE_DTYPES and (
+        self.scheme not in ("lloyd_max", "vector") or self.outliers):
+      raise ValueError(
+          f"QuantSpec.scale_dtype={self.scale_dtype!r} with scheme="
+          f"{self.scheme!r}, outliers={self.outliers!r}; an 8-bit scale is "
+          "allowed for scheme lloyd_max or vector without outliers (their "
+          "scale is rounded to nearest; other schemes round it up and keep "
+          "outliers and zeros in scale_dtype).")
     if (isinstance(self.clip_ratio, bool)
         or not isinstance(self.clip_ratio, (int, float))
         or not 0.0 < self.clip_ratio <= 1.0):

@@ -6,6 +6,7 @@ import dataclasses
 
 import ml_collections
 
+from kvq_jax.cache.key_affine import STORAGES
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.eval.windows import SCORINGS, check_scoring
 from kvq_jax.facade import parse_dtype
@@ -118,6 +119,16 @@ def _key_affines(value: str, config: ml_collections.ConfigDict,
   return load_key_stats(path), source
 
 
+def _stored_affines(affines: tuple, dtype: str) -> tuple:
+  """config.cache.key_affine_dtype: the key affines' shift and scale held
+  (and charged) in float32 or float16 (`KeyAffine.storage`)."""
+  if dtype not in STORAGES:
+    raise ValueError(
+        f"config.cache.key_affine_dtype={dtype!r}: allowed: "
+        f"{', '.join(STORAGES)}.")
+  return tuple(dataclasses.replace(a, storage=dtype) for a in affines)
+
+
 def _rotation_seed(value: int) -> int | None:
   """config.cache.rotation_seed: -1 -> None (plain Hadamard), N >= 0 -> N."""
   if isinstance(value, bool) or not isinstance(value, int) or value < -1:
@@ -161,6 +172,8 @@ def settings_from_config(config: ml_collections.ConfigDict
     try:
       affines, key_stats_source = _key_affines(
           cache.get("key_stats", ""), config, eval_settings)
+      affines = _stored_affines(affines,
+                                cache.get("key_affine_dtype", "float32"))
       spec = CacheSpec(
           k=k, v=v, layer_overrides=overrides, residual=cache.residual,
           flush_block=cache.flush_block or None, sink=cache.sink,

@@ -2,7 +2,7 @@
 
 Grammar: `fp` (full precision) | a llama.cpp type (`q8_0`, `q4_0`, `q4_1`,
 `q5_0`, `q5_1`: `kvq_jax.quant.ggml_spec`, bit-exact with llama.cpp) |
-`FORMAT[_gN | _pcN][_asym | _narrow | _lm | _st][_oN][_ggml][_clipR]` where
+`FORMAT[_gN | _pcN][_asym | _narrow | _lm | _vq | _st][_se4m3 | _se5m2][_oN][_ggml][_clipR]` where
 FORMAT is int8,
 int5, int4, int3, int2, int1 (with `_vq` only), fp8_e4m3 or fp8_e5m2; `_gN` groups N elements along
 head_dim (per_group), `_pcN` groups N tokens per channel (per_channel, KIVI
@@ -11,7 +11,10 @@ levels), `_asym` asymmetric, `_narrow` symmetric_narrow (2^bits - 1 levels),
 `_lm` lloyd_max (a norm per group and Lloyd-Max codebook codes; int5..int2),
 `_vq` vector (a norm per group and one 8-bit index per 8 // bits elements
 into a 256-vector codebook; int4, int2 and int1),
-`_st` static (no scale: calibrated key ranges, KVQuant; keys only); `_oN`
+`_st` static (no scale: calibrated key ranges, KVQuant; keys only);
+`_se4m3` / `_se5m2` store the scale in 8 bits (float8_e4m3fn / float8_e5m2;
+`_lm` and `_vq` only, e.g. `int2_vq_se4m3`: 2 + 8 / 64 bits per element
+for a 64-element head vector, against 2 + 16 / 64 with bfloat16); `_oN`
 keeps N outliers per vector exactly (dense-and-sparse);
 `_ggml` selects rounding='ggml' with float16 scales (otherwise rounding
 'kvq' with bfloat16 scales); `_clipR` sets clip_ratio (e.g. `_clip0.9`).
@@ -29,13 +32,16 @@ from kvq_jax.quant import GGML_TYPES, QuantSpec, ggml_name, ggml_spec
 _PATTERN = re.compile(
     r"^(?P<format>int8|int5|int4|int3|int2|int1|fp8_e4m3|fp8_e5m2)"
     r"(?:_g(?P<group>\d+)|_pc(?P<channel>\d+))?"
-    r"(?P<scheme>_asym|_narrow|_lm|_vq|_st)?(?:_o(?P<outliers>\d+))?"
+    r"(?P<scheme>_asym|_narrow|_lm|_vq|_st)?(?:_s(?P<scale>e4m3|e5m2))?"
+    r"(?:_o(?P<outliers>\d+))?"
     r"(?P<ggml>_ggml)?"
     r"(?:_clip(?P<clip>[0-9]*\.?[0-9]+))?$")
 _SCHEMES = {None: "symmetric", "_asym": "asymmetric",
             "_narrow": "symmetric_narrow", "_lm": "lloyd_max",
             "_vq": "vector", "_st": "static"}
 _SUFFIXES = {v: k or "" for k, v in _SCHEMES.items()}
+_FP8_SCALES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+_FP8_SUFFIXES = {v: f"_s{k}" for k, v in _FP8_SCALES.items()}
 
 
 def parse_short_spec(text: str) -> QuantSpec | None:
@@ -48,7 +54,8 @@ def parse_short_spec(text: str) -> QuantSpec | None:
   if not match:
     raise ValueError(
         f"cache format {text!r} is not understood; allowed: 'fp' or "
-        "FORMAT[_gN|_pcN][_asym|_narrow|_lm|_vq|_st][_oN][_ggml][_clipR] (e.g. "
+        "FORMAT[_gN|_pcN][_asym|_narrow|_lm|_vq|_st][_se4m3|_se5m2][_oN]"
+        "[_ggml][_clipR] (e.g. "
         "int8, "
         "int4_g32, int4_g32_asym, int2_pc32_asym, int8_g32_narrow, "
         f"fp8_e4m3) or a llama.cpp type: {', '.join(GGML_TYPES)}.")
@@ -58,20 +65,26 @@ def parse_short_spec(text: str) -> QuantSpec | None:
   elif match["channel"]:
     granularity, group = "per_channel", int(match["channel"])
   ggml = bool(match["ggml"])
+  if ggml and match["scale"]:
+    raise ValueError(f"cache format {text!r}: _ggml stores float16 scales; "
+                     "allowed: _ggml or _se4m3 / _se5m2, not both.")
+  scale_dtype = ("float16" if ggml else _FP8_SCALES.get(match["scale"],
+                                                         "bfloat16"))
   try:
     return QuantSpec(
         format=match["format"], scheme=_SCHEMES[match["scheme"]],
         granularity=granularity, group_size=group,
         clip_ratio=float(match["clip"]) if match["clip"] else 1.0,
         outliers=int(match["outliers"] or 0),
-        scale_dtype="float16" if ggml else "bfloat16",
+        scale_dtype=scale_dtype,
         rounding="ggml" if ggml else "kvq")
   except ValueError as e:
     raise ValueError(f"cache format {text!r}: {e}") from e
 
 
 def short_name(spec: QuantSpec | None) -> str:
-  """Inverse of `parse_short_spec` (kvq rounding: bfloat16 scales assumed)."""
+  """Inverse of `parse_short_spec` (kvq rounding: bfloat16 scales assumed,
+  8-bit ones written as `_se4m3` / `_se5m2`)."""
   if spec is None:
     return "fp"
   if (llama_cpp := ggml_name(spec)) is not None:
@@ -82,6 +95,7 @@ def short_name(spec: QuantSpec | None) -> str:
   elif spec.granularity == "per_channel":
     name += f"_pc{spec.group_size}"
   name += _SUFFIXES[spec.scheme]
+  name += _FP8_SUFFIXES.get(spec.scale_dtype, "")
   if spec.outliers:
     name += f"_o{spec.outliers}"
   if spec.rounding == "ggml":

@@ -141,6 +141,36 @@ def test_constants_are_charged_per_layer():
   assert without == per_token * n + codebooks
 
 
+def test_float16_storage_rounds_once_and_halves_the_charge():
+  """storage='float16': shift and scale rounded to nearest float16 once,
+  read and written with the rounded values, charged 2 bytes a value."""
+  config = dataclasses.replace(TINY, num_layers=2)
+  wide = (_affine(0), _affine(1))
+  half = tuple(dataclasses.replace(a, storage="float16") for a in wide)
+  for w, h in zip(wide, half):
+    for a32, a16 in zip(w.arrays(), h.arrays()):
+      assert a16.dtype == np.float16
+      np.testing.assert_array_equal(a16, a32.astype(np.float16))
+    x = jax.random.normal(jax.random.PRNGKey(1), (B, K, 5, H)) * 5
+    shift, scale = (a.astype(np.float64) for a in h.arrays())
+    np.testing.assert_allclose(np.asarray(h.normalize(x)),
+                               (np.asarray(x) - shift[:, None])
+                               / scale[:, None], rtol=1e-5, atol=1e-5)
+  spec = CacheSpec(k=LM4, v=LM4, key_rope="pre", key_affines=wide)
+  spec16 = dataclasses.replace(spec, key_affines=half)
+  saved = (memory.effective_bytes(config, spec, jnp.float32, 64)
+           - memory.effective_bytes(config, spec16, jnp.float32, 64))
+  assert saved == config.num_layers * 2 * K * H * (4 - 2)
+  # Beyond float16's range (a shift of 1e5 overflows, a scale of 1e-9
+  # flushes to 0): refused, not stored wrong.
+  for shift, scale in ((1e5, 1.0), (0.0, 1e-9)):
+    with pytest.raises(ValueError, match="in storage float16"):
+      KeyAffine(shift=np.full((K, H), shift), scale=np.full((K, H), scale),
+                storage="float16")
+  with pytest.raises(ValueError, match="storage='float64'"):
+    dataclasses.replace(wide[0], storage="float64")
+
+
 def _rotation(seed=0, k=K, h=H):
   rng = np.random.default_rng(seed)
   return np.stack([np.linalg.qr(rng.standard_normal((h, h)))[0]

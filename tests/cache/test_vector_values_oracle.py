@@ -17,6 +17,7 @@ read by lookup).
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -30,7 +31,7 @@ from tests.cache.test_transform_keys_oracle import (B, G, H, K, T,
                                                     run_chunks)
 
 
-def _oracle_values(v_TxKxH, bits):
+def _oracle_values(v_TxKxH, bits, scale_dtype=None):
   table = vector_codebook.centroids(bits).astype(np.float64)
   c = table.shape[1]
   v = v_TxKxH.astype(np.float64)
@@ -39,11 +40,37 @@ def _oracle_values(v_TxKxH, bits):
   dist = ((groups[:, None, :] - table[None]) ** 2).sum(-1)
   cu = table[dist.argmin(1)].reshape(v.shape)
   scale = (v * cu).sum(-1, keepdims=True) / (cu * cu).sum(-1, keepdims=True)
+  if scale_dtype is not None:  # Stored in 8 bits, rounded to nearest.
+    scale = scale.astype(np.float32).astype(
+        getattr(ml_dtypes, scale_dtype)).astype(np.float64)
   return cu * scale
 
 
-def _vq(bits):
-  return QuantSpec(f"int{bits}", "vector", "per_token", scale_dtype="float32")
+def _vq(bits, scale_dtype="float32"):
+  return QuantSpec(f"int{bits}", "vector", "per_token",
+                   scale_dtype=scale_dtype)
+
+
+@pytest.mark.parametrize("code_read", ["dequantize", "lookup"])
+@pytest.mark.parametrize("scale_dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_eight_bit_scales_match_the_oracle(scale_dtype, code_read):
+  """int2_vq with its scale stored in 8 bits (`_se4m3`, `_se5m2`): the
+  oracle rounds its float64 least-squares scale through float32 to the
+  nearest 8-bit value (ml_dtypes); the cache decodes that exactly."""
+  spec = CacheSpec(k=None, v=_vq(2, scale_dtype), block_size=8,
+                   window_dtype="float32", code_read=code_read).layer(0)
+  rng = np.random.default_rng(7)
+  q = rng.normal(size=(B, T, K * G, H)).astype(np.float32)
+  k = rng.normal(size=(B, T, K, H)).astype(np.float32)
+  v = rng.normal(size=(B, T, K, H)).astype(np.float32)
+  want = _oracle(q[0], k[0], _oracle_values(v[0], 2, scale_dtype))
+  for chunks in ((T,), (1,) * T, (4, 1, 6)):
+    got = run_chunks(spec, q, k, v, chunks)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4,
+                               err_msg=f"chunks={chunks}")
+  # The rounding of the scale is visible: float32 scales answer otherwise.
+  assert np.abs(_oracle(q[0], k[0], _oracle_values(v[0], 2)) - want).max(
+      ) > 1e-4
 
 
 @pytest.mark.parametrize("code_read", ["dequantize", "lookup"])

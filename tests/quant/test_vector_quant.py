@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -210,3 +211,28 @@ def test_lm_start_levels_are_the_scalar_codebook():
   np.testing.assert_allclose(
       np.unique(vector_codebook.product_start(2)), lm_centroids(2, 4096),
       atol=1e-6)
+
+
+@pytest.mark.parametrize("scale_dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("scheme,bits", [("vector", 2), ("lloyd_max", 3)])
+def test_eight_bit_scales_are_the_nearest_fp8_of_the_float32_scale(
+    scale_dtype, scheme, bits):
+  """An 8-bit scale: the same codes as a float32 scale and the float32
+  least-squares scale rounded to nearest into the 8-bit dtype (ml_dtypes,
+  independent of the quantizer); stored bits 2 + 8 / 64 per element."""
+  x = jax.random.normal(jax.random.PRNGKey(3), (40, 64)) * 0.7
+  wide = quantize(x, QuantSpec(f"int{bits}", scheme, "per_token",
+                               scale_dtype="float32"))
+  narrow = quantize(x, QuantSpec(f"int{bits}", scheme, "per_token",
+                                 scale_dtype=scale_dtype))
+  assert narrow.scale.dtype == jnp.dtype(scale_dtype)
+  np.testing.assert_array_equal(np.asarray(narrow.data),
+                                np.asarray(wide.data))
+  want = np.asarray(wide.scale, np.float32).astype(
+      getattr(ml_dtypes, scale_dtype))
+  np.testing.assert_array_equal(np.asarray(narrow.scale).view(np.uint8),
+                                want.view(np.uint8))
+  ratio = (np.asarray(dequantize(narrow)) / np.asarray(dequantize(wide)))
+  step = 2.0 ** (-3 if scale_dtype == "float8_e4m3fn" else -2)
+  assert np.all(np.abs(ratio[np.isfinite(ratio)] - 1.0) <= step / 2 + 1e-6)
+  assert bits_per_element(narrow.spec, 64) == bits + 8 / 64

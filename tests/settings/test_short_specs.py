@@ -15,7 +15,8 @@ NAMES = ["fp", "int8", "int4_g32", "int4_g32_asym", "int2_pc32_asym",
          "q4_1", "q5_0", "q5_1", "int4_g64_ggml", "int3_g16_asym_ggml",
          "int8_narrow_ggml", "int4_lm", "int2_g32_lm", "int3_lm",
          "int4_st", "int3_st_o1", "int4_g32_asym_o2", "int4_lm_o1",
-         "int2_vq", "int4_vq", "int2_g32_vq", "int1_vq", "int1_g32_vq"]
+         "int2_vq", "int4_vq", "int2_g32_vq", "int1_vq", "int1_g32_vq",
+         "int2_vq_se4m3", "int3_lm_se5m2", "int1_g32_vq_se4m3"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -121,3 +122,17 @@ def test_int1_exists_for_vector_codes_only():
   for name in ("int1", "int1_asym", "int1_lm", "int1_st"):
     with pytest.raises(ValueError, match="int1"):
       parse_short_spec(name)
+
+
+def test_eight_bit_scales():
+  """`_se4m3` / `_se5m2`: the scale dtype, codebook schemes only."""
+  assert parse_short_spec("int2_vq_se4m3") == QuantSpec(
+      format="int2", scheme="vector", granularity="per_token",
+      scale_dtype="float8_e4m3fn")
+  assert parse_short_spec("int3_lm_se5m2").scale_dtype == "float8_e5m2"
+  for text, match in (("int4_se4m3", "scheme='symmetric'"),
+                      ("int4_g32_asym_se5m2", "scheme='asymmetric'"),
+                      ("int2_vq_se4m3_o1", "outliers=1"),
+                      ("int4_lm_se4m3_ggml", "not both")):
+    with pytest.raises(ValueError, match=match):
+      parse_short_spec(text)
