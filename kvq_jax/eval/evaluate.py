@@ -48,6 +48,11 @@ class EvalResult:
   # (None for a baseline-only run): what `sweep.pairs` pairs two points on.
   delta_nll_sums_W: np.ndarray | None = dataclasses.field(
       default=None, compare=False)
+  # Per window, the sum of the per-token KL(baseline || quantized): a
+  # pairing of KL too (less noisy than ΔNLL: no dependence on which token
+  # came next).
+  kl_sums_W: np.ndarray | None = dataclasses.field(
+      default=None, compare=False)
 
   def metrics(self) -> dict[str, float | int]:
     out = {
@@ -168,5 +173,7 @@ def evaluate_many(windows_WxT: np.ndarray, mask_T: np.ndarray,
         num_scored_tokens=int(per_window["nll_base"].size), paired=paired,
         delta_nll_sums_W=None if name is None else np.sum(
             per_window["nll_quant"].astype(np.float64)
-            - per_window["nll_base"], axis=1))
+            - per_window["nll_base"], axis=1),
+        kl_sums_W=None if name is None else np.sum(
+            per_window["kl"].astype(np.float64), axis=1))
   return results

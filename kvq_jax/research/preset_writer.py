@@ -3,7 +3,7 @@
 The preset builds on `configs/base.py`: the most common K and V formats
 become cache.k / cache.v, every other layer a `cache.layer_overrides` entry
 (short names, `settings.short_specs`). Model, dtypes, key_rope, Hadamard,
-key statistics, sinks, residual, flush block and eval settings are copied from the sensitivity run, so `experiments.run`
+key statistics (and the dtype of their affines), sinks, residual, flush block and eval settings are copied from the sensitivity run, so `experiments.run`
 scores the same windows the prediction came from.
 """
 
@@ -26,6 +26,7 @@ _COPIED = (("model", ("model",)), ("dtype", ("dtype",)),
            ("cache.hadamard_v", ("cache", "hadamard_v")),
            ("cache.rotation_seed", ("cache", "rotation_seed")),
            ("cache.key_stats", ("cache", "key_stats")),
+           ("cache.key_affine_dtype", ("cache", "key_affine_dtype")),
            ("cache.sink", ("cache", "sink")),
            ("cache.residual", ("cache", "residual")),
            ("cache.flush_block", ("cache", "flush_block")),

@@ -147,17 +147,20 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
   out.mkdir(parents=True, exist_ok=True)
   write_csv(out / "sweep.csv", rows)
   sums = {p.name: results[p.name].delta_nll_sums_W for p in points}
+  kl_sums = {p.name: results[p.name].kl_sums_W for p in points}
   tokens_per_window = int(mask.sum())
   sweep_pairs.save_window_sums(out / "per_window.npz", sums,
-                               tokens_per_window)
-  pair_rows = [sweep_pairs.pair_row(sums, tokens_per_window, a, b)
+                               tokens_per_window, kl_sums)
+  pair_rows = [sweep_pairs.pair_row(sums, tokens_per_window, a, b, kl_sums)
                for a, b in pair_names]
   if pair_rows:
     sweep_pairs.write_pairs_csv(out / "pairs.csv", pair_rows)
     for r in pair_rows:
-      logging.info("pair %s - %s: dNLL %+.5f +- %.5f nats (z %.2f): %s",
+      logging.info("pair %s - %s: dNLL %+.5f +- %.5f nats (z %.2f): %s; "
+                   "KL %+.5f +- %.5f (z %.2f)",
                    r["a"], r["b"], r["delta_nll_diff"],
-                   r["delta_nll_diff_stderr"], r["z"], r["verdict"])
+                   r["delta_nll_diff_stderr"], r["z"], r["verdict"],
+                   r["kl_diff"], r["kl_diff_stderr"], r["kl_z"])
   baseline_ppl = rows[0]["ppl_baseline"]
   pareto_plot(rows, out / "pareto.png", title=(
       f"{model or settings.model}: {windows.shape[0]} windows of "

@@ -146,6 +146,7 @@ def test_written_preset_loads_through_the_settings(tmp_path):
   a = allocator.allocate(synthetic(4, {3}), 4, ("fp",) + FORMATS,
                          ("fp",) + FORMATS, 5.0, head_dim=H, fp_bits=FP)
   config = config_flag._PresetParser(name="config").parse("int4_g32")  # pylint: disable=protected-access
+  config.cache.key_affine_dtype = "float16"  # Copied: what was probed.
   table = {"meta": {"preset": "int4_g32", "model": "smollm2-135m",
                     "config": config.to_dict()},
            "baseline": {"num_windows": 4, "window_len": 512,
@@ -168,6 +169,7 @@ def test_written_preset_loads_through_the_settings(tmp_path):
         assert got.granularity == expected.granularity
         assert got.group_size == expected.group_size
   assert loaded.eval.num_windows == config.eval.num_windows
+  assert loaded.cache.key_affine_dtype == "float16"
 
 
 def _table(preset: str, fmt: str, damage: float, **baseline) -> dict:

@@ -54,4 +54,25 @@ def test_pairing_removes_shared_window_spread(tmp_path):
   assert row["delta_nll_diff"] == pytest.approx(0.25, abs=1e-3)
   assert row["delta_nll_diff_stderr"] < 1e-3 and row["verdict"] == "B lower"
   pairs.write_pairs_csv(tmp_path / "p.csv", [row])
-  assert (tmp_path / "p.csv").read_text().splitlines()[1].endswith("B lower")
+  assert (tmp_path / "p.csv").read_text().splitlines()[1].split(",")[8] == \
+      "B lower"
+  assert pairs.load_kl_sums(tmp_path / "w.npz") == {}  # None were kept.
+
+
+def test_kl_is_paired_like_the_nll(tmp_path):
+  """KL sums (2, 2, 5) against (1, 1, 1) over windows of 2 tokens: the
+  differences (1, 1, 4) have mean 6 / 6 = 1 and residuals (-1, -1, 2):
+  var = 3/2 * 6 / 36 = 1/4, stderr 0.5, z 2; written and read back."""
+  sums = {"A": np.zeros(3), "B": np.zeros(3)}
+  kl = {"A": np.array([2.0, 2.0, 5.0]), "B": np.ones(3)}
+  pairs.save_window_sums(tmp_path / "w.npz", sums, 2, kl)
+  back = pairs.load_kl_sums(tmp_path / "w.npz")
+  np.testing.assert_array_equal(back["A"], kl["A"])
+  row = pairs.pair_row(sums, 2, "A", "B", back)
+  assert row["kl_diff"] == pytest.approx(1.0)
+  assert row["kl_diff_stderr"] == pytest.approx(0.5)
+  assert row["kl_z"] == pytest.approx(2.0)
+  pairs.write_pairs_csv(tmp_path / "p.csv", [row])
+  header, line = (tmp_path / "p.csv").read_text().splitlines()
+  assert dict(zip(header.split(","), line.split(",")))["kl_diff"] == "1"
+  assert "kl_diff" not in pairs.pair_row(sums, 2, "A", "B")

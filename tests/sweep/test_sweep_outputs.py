@@ -161,7 +161,15 @@ def test_tiny_end_to_end_sweep(tmp_path, monkeypatch):
         pytest.approx(r["delta_nll_mean"], rel=1e-6)
   pair = (tmp_path / "out" / "pairs.csv").read_text().splitlines()
   assert pair[1].startswith("int2_g32_asym,k8v4,")
-  assert pair[1].endswith("no measurable change")
+  row = dict(zip(pair[0].split(","), pair[1].split(",")))
+  assert row["verdict"] == "no measurable change"
+  # The KL pair: the difference of the two points' KL means.
+  kls = sweep_pairs.load_kl_sums(tmp_path / "out" / "per_window.npz")
+  assert float(row["kl_diff"]) == pytest.approx(
+      (kls["int2_g32_asym"] - kls["k8v4"]).sum() / tokens, rel=1e-5)
+  assert float(row["kl_diff"]) == pytest.approx(
+      by_name["int2_g32_asym"]["kl_mean"] - by_name["k8v4"]["kl_mean"],
+      rel=1e-4)
   with pytest.raises(ValueError, match="not points of this sweep"):
     run_sweep(config, tmp_path / "out2", SweepRequest(
         formats=(), points="k8v4", pairs="k8v4:int8"),
