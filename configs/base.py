@@ -182,12 +182,16 @@ def channel_widths_config(k_bits: int, v_bits: int
   return transform_keys_config(k_bits, v_bits, key_stats=CHANNEL_STATS)
 
 
-def channel_widths_mix(layer_overrides: str) -> ml_collections.ConfigDict:
+def channel_widths_mix(layer_overrides: str,
+                       key_affine_dtype: str = "float32"
+                       ) -> ml_collections.ConfigDict:
   """The cvmix presets (issue 34): ca3 (`channel_widths_config(3, 3)`)
   with per-layer K/V formats from `experiments.allocate` in
   `layer_overrides`: keys among int4_st..int2_st (a width per channel),
-  values among int4_vq, int3_lm and int2_vq (vector codes after the
-  randomised Hadamard)."""
+  values among int4_vq, int3_lm, int2_vq and int1_vq (vector codes after
+  the randomised Hadamard; `_se5m2`: an 8-bit scale), the key affines
+  held in `key_affine_dtype`."""
   c = channel_widths_config(3, 3)
   c.cache.layer_overrides = layer_overrides
+  c.cache.key_affine_dtype = key_affine_dtype
   return c

@@ -45,17 +45,22 @@ PRESET_BITS = {
     "tc4": (4.0 + 4.25) / 2, "tc3": (3.0 + 3.25) / 2, "tc2": (2.0 + 2.25) / 2,
     # The same widths per native channel (no basis).
     "ca4": (4.0 + 4.25) / 2, "ca3": (3.0 + 3.25) / 2, "ca2": (2.0 + 2.25) / 2,
-    # ca keys with allocated values (int4_vq / int3_lm / int2_vq: b + 0.25):
-    # cvmix325 3-bit keys, V 4 layers at 4.25, 4 at 2.25, 22 at 3.25.
-    # cvmix250: K 12 layers at 3 bits, 18 at 2; V 1 int3_lm, 1 int4_vq, 28
-    # int2_vq.
-    "cvmix325": (3.0 + (4 * 4.25 + 4 * 2.25 + 22 * 3.25) / 30) / 2,
-    "cvmix250": ((12 * 3.0 + 18 * 2.0) / 30
-                 + (3.25 + 4.25 + 28 * 2.25) / 30) / 2,
-    # cvmix200: K 2 layers at 3 bits, 28 at 2; V 1 int3_lm, 11 int2_vq, 18
-    # int1_vq (1 + 16/64 = 1.25).
+    # ca keys with allocated values (int4_vq / int3_lm / int2_vq: b + 0.25
+    # with a bfloat16 scale, b + 0.125 with an 8-bit one, _se5m2).
+    # cvmix325: K 20 layers at 3 bits, 10 at 4; V 8 int3_lm, 3 int4_vq, 8
+    # int2_vq_se5m2, 10 int3_lm_se5m2, 1 int2_vq.
+    "cvmix325": ((20 * 3.0 + 10 * 4.0) / 30
+                 + (8 * 3.25 + 3 * 4.25 + 8 * 2.125 + 10 * 3.125 + 2.25) / 30
+                 ) / 2,
+    # cvmix250: K 16 layers at 2 bits, 13 at 3, 1 at 4; V 1 int4_vq, 4
+    # int3_lm_se5m2, 25 int2_vq_se5m2.
+    "cvmix250": ((16 * 2.0 + 13 * 3.0 + 4.0) / 30
+                 + (4.25 + 4 * 3.125 + 25 * 2.125) / 30) / 2,
+    # cvmix200: K 2 layers at 3 bits, 28 at 2; V 11 int2_vq_se5m2, 1
+    # int3_lm, 5 int2_vq, 12 int1_vq_se5m2 (1.125), 1 int1_vq (1.25).
     "cvmix200": ((2 * 3.0 + 28 * 2.0) / 30
-                 + (3.25 + 11 * 2.25 + 18 * 1.25) / 30) / 2,
+                 + (11 * 2.125 + 3.25 + 5 * 2.25 + 12 * 1.125 + 1.25) / 30
+                 ) / 2,
     # The Gemma 3 presets (18 layers) on SmolLM2's 30: layers 18-29 keep
     # ca3's int3_st / int3_lm. gemma_cvmix325: K 3 bits everywhere; V 4
     # int4_vq, 2 int2_vq, 12 + 12 int3_lm. gemma_cvmix250: K 1 int4_st, 7
@@ -129,9 +134,11 @@ def test_available_presets_is_every_config_but_base():
   assert available_presets() == sorted(PRESET_BITS)
 
 
-def _transform_constants(spec: CacheSpec, basis: bool) -> int:
+def _transform_constants(spec: CacheSpec, basis: bool,
+                         affine_bytes: int = 4) -> int:
   """tc, ca and cvmix presets: the V tables (once); per layer the key mean
-  and std [3, 64] (float32), tc's basis as int8 [3, 64, 64] with a float32 scale
+  and std [3, 64] (`affine_bytes` a value: float32, or float16 for the
+  cvmix presets), tc's basis as int8 [3, 64, 64] with a float32 scale
   per row (ca has none), one uint8 width per component and a float32
   codebook per width in use (which widths the allocator chose is read
   from the spec); + the bfloat16 sink token of K and V."""
@@ -142,7 +149,7 @@ def _transform_constants(spec: CacheSpec, basis: bool) -> int:
     assert len(k.component_bits) == 64 and sum(k.component_bits) == 64 * k.bits
     assert {w for w, _ in k.width_levels} == set(k.component_bits) - {0}
     assert bool(layer.key_affine.rotation) == basis
-    total += (2 * 3 * 64 * 4
+    total += (2 * 3 * 64 * affine_bytes
               + (3 * 64 * 64 + 3 * 64 * 4 if basis else 0)
               + 64 + sum(4 * 2 ** w for w, _ in k.width_levels))
   return total
@@ -179,7 +186,9 @@ def test_preset_loads_locked_and_converts(name, key_stats_dir):
   if name.startswith(("tqmix", "kqmix")):
     assert fixed == _mix_constants(spec)
   elif name.startswith(("tc", "ca", "cvmix", "gemma_cvmix", "qwen_cvmix")):
-    assert fixed == _transform_constants(spec, basis=name.startswith("tc"))
+    assert fixed == _transform_constants(
+        spec, basis=name.startswith("tc"),
+        affine_bytes=2 if name.startswith("cvmix") else 4)
   else:
     assert fixed == PRESET_FIXED_BYTES.get(name, 0)
 
