@@ -56,18 +56,20 @@ def save_window_sums(path: str | os.PathLike, sums: Mapping[str, np.ndarray],
               for name, v in (kl_sums or {}).items()})
 
 
-def load_window_sums(path: str | os.PathLike) -> tuple[dict, int]:
+def _load_prefixed(path: str | os.PathLike, prefix: str) -> tuple[dict, int]:
   with np.load(path) as f:
-    return ({k[len(_PREFIX):]: f[k] for k in f.files if k.startswith(_PREFIX)},
+    return ({k[len(prefix):]: f[k] for k in f.files if k.startswith(prefix)},
             int(f["tokens_per_window"]))
+
+
+def load_window_sums(path: str | os.PathLike) -> tuple[dict, int]:
+  return _load_prefixed(path, _PREFIX)
 
 
 def load_kl_sums(path: str | os.PathLike) -> dict:
   """{point: per-window KL sums}; {} for a sweep written before they were
   kept."""
-  with np.load(path) as f:
-    return {k[len(_KL_PREFIX):]: f[k] for k in f.files
-            if k.startswith(_KL_PREFIX)}
+  return _load_prefixed(path, _KL_PREFIX)[0]
 
 
 def pair_row(sums: Mapping[str, np.ndarray], tokens_per_window: int,
