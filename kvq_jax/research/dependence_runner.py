@@ -139,7 +139,7 @@ def reconstructions(rec, options: DependenceOptions) -> dict:
           for bits in (None,) + tuple(options.ridge_input_bits)}
 
 
-def _o_kernels(lm) -> list[np.ndarray]:
+def o_kernels(lm) -> list[np.ndarray]:
   return [np.asarray(block.attn.o.kernel[...], np.float64)
           for block in lm.decoder.layers]
 
@@ -148,7 +148,7 @@ def measure(lm, records, options: DependenceOptions) -> list[dict]:
   """Step 2 of the module docstring: one row per (layer, kv head)."""
   cfg = lm.config
   group = cfg.num_heads // cfg.num_kv_heads
-  o_kernels = _o_kernels(lm)
+  o_kernels = o_kernels(lm)
   rows = []
   prev_recon = {}
   for layer, rec in enumerate(records):
