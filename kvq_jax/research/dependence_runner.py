@@ -148,7 +148,7 @@ def measure(lm, records, options: DependenceOptions) -> list[dict]:
   """Step 2 of the module docstring: one row per (layer, kv head)."""
   cfg = lm.config
   group = cfg.num_heads // cfg.num_kv_heads
-  o_kernels = o_kernels(lm)
+  kernels = o_kernels(lm)
   rows = []
   prev_recon = {}
   for layer, rec in enumerate(records):
@@ -172,7 +172,7 @@ def measure(lm, records, options: DependenceOptions) -> list[dict]:
              "v_plain": dependence.transform_gain(v, options.rate),
              "v_weighted": dependence.transform_gain(
                  v, options.rate,
-                 value_metric(o_kernels[layer], heads, cfg.head_dim))}
+                 value_metric(kernels[layer], heads, cfg.head_dim))}
       for suffix, (k_in, v_in) in inputs.items():
         row[f"k_ridge{suffix}"] = dependence.ridge_bits(
             k_in, k, lam=options.ridge_lambda)
