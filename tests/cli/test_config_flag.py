@@ -72,19 +72,23 @@ PRESET_BITS = {
     "gemma_cvmix200": ((3.0 + 17 * 2.0 + 12 * 3.0) / 30
                        + (10 * 2.25 + 8 * 1.25 + 12 * 3.25) / 30) / 2,
     # The Qwen2.5-Coder-0.5B presets (24 layers): layers 24-29 keep ca3's
-    # int3_st / int3_lm. qwen_cvmix425: K 1 int3_st, 23 int4_st; V 23
-    # int4_vq, 1 int3_lm. qwen_cvmix325: K 1 int2_st, 20 int3_st, 3 int4_st;
-    # V 17 int3_lm, 5 int2_vq, 2 int4_vq. qwen_cvmix250: K 17 int2_st, 7
-    # int3_st; V 19 int2_vq, 5 int3_lm. qwen_cvmix200: K int2_st; V 11
-    # int2_vq, 13 int1_vq.
-    "qwen_cvmix425": ((3.0 + 23 * 4.0 + 6 * 3.0) / 30
-                      + (23 * 4.25 + 7 * 3.25) / 30) / 2,
-    "qwen_cvmix325": ((2.0 + 20 * 3.0 + 3 * 4.0 + 6 * 3.0) / 30
-                      + (23 * 3.25 + 5 * 2.25 + 2 * 4.25) / 30) / 2,
-    "qwen_cvmix250": ((17 * 2.0 + 13 * 3.0) / 30
-                      + (19 * 2.25 + 11 * 3.25) / 30) / 2,
+    # int3_st / int3_lm. qwen_cvmix425: K int4_st; V 21 int4_vq, 3
+    # int4_vq_se5m2. qwen_cvmix325: K 1 int2_st, 19 int3_st, 4 int4_st; V 2
+    # int3_lm, 18 int3_lm_se5m2, 2 int2_vq_se5m2, 2 int4_vq. qwen_cvmix250:
+    # K 13 int2_st, 11 int3_st; V 18 int2_vq_se5m2, 4 int3_lm_se5m2, 1
+    # int2_vq, 1 int3_lm. qwen_cvmix200: K int2_st; V 11 int2_vq_se5m2, 4
+    # int2_vq, 9 int1_vq_se5m2.
+    "qwen_cvmix425": ((24 * 4.0 + 6 * 3.0) / 30
+                      + (21 * 4.25 + 3 * 4.125 + 6 * 3.25) / 30) / 2,
+    "qwen_cvmix325": ((2.0 + 19 * 3.0 + 4 * 4.0 + 6 * 3.0) / 30
+                      + (2 * 3.25 + 18 * 3.125 + 2 * 2.125 + 2 * 4.25
+                         + 6 * 3.25) / 30) / 2,
+    "qwen_cvmix250": ((13 * 2.0 + 11 * 3.0 + 6 * 3.0) / 30
+                      + (18 * 2.125 + 4 * 3.125 + 2.25 + 3.25 + 6 * 3.25) / 30
+                      ) / 2,
     "qwen_cvmix200": ((24 * 2.0 + 6 * 3.0) / 30
-                      + (11 * 2.25 + 13 * 1.25 + 6 * 3.25) / 30) / 2,
+                      + (11 * 2.125 + 4 * 2.25 + 9 * 1.125 + 6 * 3.25) / 30
+                      ) / 2,
 }
 # Fixed (capacity-independent) cache bytes per sequence, by hand: 30 layers x
 # 3 KV heads x 64 dims x 2 bytes (bfloat16 full-precision regions) x the
@@ -188,7 +192,7 @@ def test_preset_loads_locked_and_converts(name, key_stats_dir):
   elif name.startswith(("tc", "ca", "cvmix", "gemma_cvmix", "qwen_cvmix")):
     assert fixed == _transform_constants(
         spec, basis=name.startswith("tc"),
-        affine_bytes=2 if name.startswith("cvmix") else 4)
+        affine_bytes=2 if name.startswith(("cvmix", "qwen_cvmix")) else 4)
   else:
     assert fixed == PRESET_FIXED_BYTES.get(name, 0)
 
