@@ -22,7 +22,7 @@ top-1 0.937; effective 4.25 bits at 512 tokens, 4.13 at 4096 (stored 4.12).
 Paired in the same run against the preset it replaces (`git show
 66f5ac1:configs/qwen_cvmix425.py`, −0.10 [−0.27, +0.07]): ΔNLL −0.0027 ±
 0.0028 nats (z −1.0, no measurable change), KL −0.0014 ± 0.0003 (z −4.3)
-(WORKSPACE.md "Fewer bits for the constants": Gemma 3 and Qwen).
+(WORKSPACE.md "Gemma 3 and Qwen re-allocated").
 
 Regenerate: experiments.layer_sensitivity --config=ca3
 --model=qwen2.5-coder-0.5b --from_end --noall_but_one
