@@ -1,30 +1,37 @@
-"""gemma_cvmix325: issue 34's "<= 3.25 bits" row on Gemma 3 270M (18 layers, 1 kv
-head of 256; layers 5, 11, 17 global, the rest sliding-window 512): ca's
-keys (a width per native pre-RoPE channel, no scale) and values among
-int4_vq / int3_lm / int2_vq / int1_vq, chosen by `experiments.allocate`
-(KL objective, budget 3.25 effective bits at 512 tokens with every
-constant charged, 3.2318 achieved, predicted KL +0.0565) from one-layer
-probes on the LAST 2 windows of the text: K int3_st in every layer; V int4_vq in layers 1, 3, 8, 11, int2_vq in 16, 17, int3_lm elsewhere.
+"""gemma_cvmix325: issue 34's "<= 3.25 bits" row on Gemma 3 270M (18 layers, 1
+kv head of 256; layers 5, 11, 17 global, the rest sliding-window 512): ca's
+keys (a width per native pre-RoPE channel, no scale) with their calibrated
+shift and scale held in float16, and values among int4_vq / int3_lm /
+int2_vq / int1_vq with a bfloat16 or an 8-bit float8_e5m2 scale per vector
+(`_se5m2`), chosen by `experiments.allocate` (KL objective, budget 3.25
+effective bits at 512 tokens with every constant charged, 3.2499 achieved,
+predicted KL +0.0429) from one-layer probes on the LAST 2 windows of the
+text (runs/issue34d/gemma_sens16). Per layer (K/V): L0 int3_st/int3_lm, L1
+int4_st/int4_vq, L2 int4_st/int3_lm, L3 int4_st/int4_vq, L4 int3_st/int3_lm,
+L5 int3_st/int3_lm_se5m2, L6 int3_st/int3_lm_se5m2, L7
+int3_st/int3_lm_se5m2, L8 int3_st/int4_vq_se5m2, L9 int3_st/int3_lm_se5m2,
+L10 int3_st/int3_lm, L11 int3_st/int4_vq_se5m2, L12 int3_st/int3_lm_se5m2,
+L13 int3_st/int3_lm_se5m2, L14 int3_st/int3_lm_se5m2, L15
+int3_st/int3_lm_se5m2, L16 int2_st/int2_vq_se5m2, L17 int3_st/int2_vq_se5m2.
 
-Verified in one sweep on 40 x 512 windows: runs/issue34/gemma_verify,
-baseline PPL 17.40:
-3.21 effective bits @512 (3.09 stored), dPPL +0.78 [+0.63, +0.94], KL 0.0449, top-1 0.893
-(WORKSPACE.md "Gemma 3 270M: allocated presets").
+Measured (WikiText-2 test, first 40 windows x 512, second-half scoring,
+float32, one core of the 2-core CPU, sweep runs/issue34d/gemma_verify, one
+baseline pass, PPL 17.40): dPPL +0.69 [+0.55, +0.82], KL 0.0409 ± 0.0011,
+top-1 0.889; effective 3.23 bits at 512 tokens, 3.11 at 4096 (stored 3.13).
+Paired in the same run against the preset it replaces (`git show
+66f5ac1:configs/gemma_cvmix325.py`, +0.78 [+0.63, +0.94]): ΔNLL −0.0054 ±
+0.0029 nats (z −1.9, no measurable change), KL −0.0040 ± 0.0009 (z −4.5)
+(WORKSPACE.md "Gemma 3 and Qwen re-allocated").
 
-Allocated from key probes that ran int4_st/int2_st as bare uniform codes
-(fixed in 7d4b06d). Re-allocated from the fixed probes (runs/issue34b,
-WORKSPACE.md "Probes that measure what runs"): +0.74 at 3.21 bits, paired
-−0.0026 ± 0.0029 nats against this preset, no measurable change; kept.
-
-Regenerate (WORKSPACE.md "Gemma 3 270M: allocated presets"):
-experiments.layer_sensitivity --config=ca3 --model=gemma3-270m --from_end
---noall_but_one --config.eval.num_windows=2 --k_formats=int4_st,int2_st
---v_formats=int2_vq,int4_vq, and again with --v_formats=int1_vq alone;
-then experiments.allocate --metric=kl_mean over both tables with
+Regenerate: experiments.layer_sensitivity --config=ca3 --model=gemma3-270m
+--from_end --noall_but_one --config.eval.num_windows=2
+--config.cache.key_affine_dtype=float16 --k_formats=int4_st,int2_st
+--v_formats=int4_vq,int2_vq,int1_vq,int4_vq_se5m2,int3_lm_se5m2,int2_vq_se5m2,int1_vq_se5m2
+(runs/issue34d/gemma_sens16), then experiments.allocate --metric=kl_mean
 --k_formats=int4_st,int3_st,int2_st
---v_formats=int4_vq,int3_lm,int2_vq,int1_vq --budget=3.25. Key
-statistics: ca3's for Gemma 3, built on first use and cached. Run:
-python -m experiments.run --config=gemma_cvmix325
+--v_formats=int4_vq,int3_lm,int2_vq,int1_vq,int4_vq_se5m2,int3_lm_se5m2,int2_vq_se5m2,int1_vq_se5m2
+--budget=3.25. Key statistics: ca3's for this model, built on first use and
+cached. Run: python -m experiments.run --config=gemma_cvmix325
 --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
 """
 
@@ -35,8 +42,13 @@ from configs import base
 
 def get_config():
   c = base.channel_widths_mix(
-      '0,2,4,5,6,7,9,10,12,13,14,15:int3_st/int3_lm;'
-      '1,3,8,11:int3_st/int4_vq;'
-      '16,17:int3_st/int2_vq')
+      '0,4,10:int3_st/int3_lm;'
+      '1,3:int4_st/int4_vq;'
+      '2:int4_st/int3_lm;'
+      '5,6,7,9,12,13,14,15:int3_st/int3_lm_se5m2;'
+      '8,11:int3_st/int4_vq_se5m2;'
+      '16:int2_st/int2_vq_se5m2;'
+      '17:int3_st/int2_vq_se5m2',
+      key_affine_dtype="float16")
   c.model = "gemma3-270m"
   return c

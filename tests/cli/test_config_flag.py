@@ -62,15 +62,21 @@ PRESET_BITS = {
                  + (11 * 2.125 + 3.25 + 5 * 2.25 + 12 * 1.125 + 1.25) / 30
                  ) / 2,
     # The Gemma 3 presets (18 layers) on SmolLM2's 30: layers 18-29 keep
-    # ca3's int3_st / int3_lm. gemma_cvmix325: K 3 bits everywhere; V 4
-    # int4_vq, 2 int2_vq, 12 + 12 int3_lm. gemma_cvmix250: K 1 int4_st, 7
-    # int3_st, 10 int2_st; V 15 int2_vq, 3 + 12 int3_lm. gemma_cvmix200: K
-    # 1 int3_st, 17 int2_st; V 10 int2_vq, 8 int1_vq, 12 int3_lm.
-    "gemma_cvmix325": (3.0 + (4 * 4.25 + 2 * 2.25 + 24 * 3.25) / 30) / 2,
+    # ca3's int3_st / int3_lm. gemma_cvmix325: K 3 int4_st, 14 int3_st, 1
+    # int2_st; V 4 int3_lm, 2 int4_vq, 8 int3_lm_se5m2, 2 int4_vq_se5m2, 2
+    # int2_vq_se5m2. gemma_cvmix250: K 1 int4_st, 7 int3_st, 10 int2_st; V
+    # 11 int2_vq, 4 int3_lm, 3 int2_vq_se5m2. gemma_cvmix200: K 2 int3_st,
+    # 16 int2_st; V 10 int2_vq, 1 int2_vq_se5m2, 4 int1_vq, 3
+    # int1_vq_se5m2.
+    "gemma_cvmix325": ((3 * 4.0 + 14 * 3.0 + 2.0 + 12 * 3.0) / 30
+                       + (4 * 3.25 + 2 * 4.25 + 8 * 3.125 + 2 * 4.125
+                          + 2 * 2.125 + 12 * 3.25) / 30) / 2,
     "gemma_cvmix250": ((4.0 + 7 * 3.0 + 10 * 2.0 + 12 * 3.0) / 30
-                       + (15 * 2.25 + 15 * 3.25) / 30) / 2,
-    "gemma_cvmix200": ((3.0 + 17 * 2.0 + 12 * 3.0) / 30
-                       + (10 * 2.25 + 8 * 1.25 + 12 * 3.25) / 30) / 2,
+                       + (11 * 2.25 + 4 * 3.25 + 3 * 2.125 + 12 * 3.25) / 30
+                       ) / 2,
+    "gemma_cvmix200": ((2 * 3.0 + 16 * 2.0 + 12 * 3.0) / 30
+                       + (10 * 2.25 + 2.125 + 4 * 1.25 + 3 * 1.125
+                          + 12 * 3.25) / 30) / 2,
     # The Qwen2.5-Coder-0.5B presets (24 layers): layers 24-29 keep ca3's
     # int3_st / int3_lm. qwen_cvmix425: K int4_st; V 21 int4_vq, 3
     # int4_vq_se5m2. qwen_cvmix325: K 1 int2_st, 19 int3_st, 4 int4_st; V 2
@@ -192,7 +198,7 @@ def test_preset_loads_locked_and_converts(name, key_stats_dir):
   elif name.startswith(("tc", "ca", "cvmix", "gemma_cvmix", "qwen_cvmix")):
     assert fixed == _transform_constants(
         spec, basis=name.startswith("tc"),
-        affine_bytes=2 if name.startswith(("cvmix", "qwen_cvmix")) else 4)
+        affine_bytes=2 if "cvmix" in name else 4)  # float16 affines.
   else:
     assert fixed == PRESET_FIXED_BYTES.get(name, 0)
 
