@@ -25,16 +25,8 @@ KL 0.0478 ± 0.0015, top-1 0.876; effective 3.25 bits at 512 tokens, 3.15 at
 −0.0061 ± 0.0037 nats (z −1.7, no measurable change), KL −0.0041 ± 0.0010 (z
 −4.2) (WORKSPACE.md "Gemma 3 and Qwen re-allocated").
 
-Regenerate: experiments.layer_sensitivity --config=ca3
---model=qwen2.5-coder-0.5b --from_end --noall_but_one
---config.eval.num_windows=1 --config.cache.key_affine_dtype=float16
---k_formats=int4_st,int2_st
---v_formats=int4_vq,int2_vq,int1_vq,int4_vq_se5m2,int3_lm_se5m2,int2_vq_se5m2,int1_vq_se5m2
-(runs/issue34d/qwen_sens16), then experiments.allocate --metric=kl_mean
---k_formats=int4_st,int3_st,int2_st
---v_formats=int4_vq,int3_lm,int2_vq,int1_vq,int4_vq_se5m2,int3_lm_se5m2,int2_vq_se5m2,int1_vq_se5m2
---budget=3.25. Key statistics: ca3's for this model, built on first use and
-cached. Run: python -m experiments.run --config=qwen_cvmix325
+Regenerate: as qwen_cvmix250 (the same table, runs/issue34d/qwen_sens16)
+with --budget=3.25. Run: python -m experiments.run --config=qwen_cvmix325
 --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
 """
 

@@ -282,21 +282,34 @@ def summary_markdown(rows: list[dict], options: DependenceOptions) -> str:
   return "\n".join(lines)
 
 
+def recorded_calibration(config: ml_collections.ConfigDict,
+                         eval_data: str | None, model: str | None,
+                         num_calib_windows: int):
+  """Step 1 (shared with `research.value_tables_runner`): (the calibration
+  inputs, every layer's recorded q / pre-RoPE k / v, the header of the
+  output json: machine, model, data and both token ranges)."""
+  inputs = calibration_inputs(config, eval_data, model, num_calib_windows,
+                              load_key_stats=False)
+  split = inputs.split
+  records = record_qkv(inputs.model, split.calib_WxT, batch_size=1)
+  header = {"machine": machine_description(), "model": inputs.model_name,
+            "data": inputs.source,
+            "calibration_tokens": list(split.calib_range),
+            "evaluation_tokens": list(split.eval_range)}
+  return inputs, records, header
+
+
 def run_dependence(config: ml_collections.ConfigDict, workdir: str,
                    eval_data: str | None = None, model: str | None = None,
                    options: DependenceOptions = DependenceOptions()) -> dict:
   """Steps 1-3 of the module docstring; returns dependence.json's content."""
   started = time.perf_counter()
-  inputs = calibration_inputs(config, eval_data, model,
-                              options.num_calib_windows, load_key_stats=False)
+  inputs, records, header = recorded_calibration(
+      config, eval_data, model, options.num_calib_windows)
   lm, split = inputs.model, inputs.split
-  records = record_qkv(lm, split.calib_WxT, batch_size=1)
   rows = measure(lm, records, options)
   chain = measure_chain(lm, records, options)
-  out = {"machine": machine_description(), "model": inputs.model_name,
-         "data": inputs.source,
-         "calibration_tokens": list(split.calib_range),
-         "evaluation_tokens": list(split.eval_range),
+  out = {**header,
          "tokens_per_head": int(np.prod(records[0].v_BxTxKxH.shape[:2])),
          "options": dataclasses.asdict(options), "rows": rows,
          "chain": chain,

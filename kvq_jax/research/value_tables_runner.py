@@ -37,13 +37,12 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from kvq_jax.bench.timing import machine_description
 from kvq_jax.cache import hadamard
-from kvq_jax.calibration.key_runner import calibration_inputs
-from kvq_jax.calibration.recording import record_qkv
 from kvq_jax.quant import vector_codebook
 from kvq_jax.research import value_tables as vt
-from kvq_jax.research.dependence_runner import o_kernels, value_metric
+from kvq_jax.research.dependence_runner import (o_kernels,
+                                                recorded_calibration,
+                                                value_metric)
 
 VARIANTS = ("head_plain", "head_weighted", "layer_weighted", "head_unscaled")
 
@@ -190,16 +189,12 @@ def run_value_tables(config: ml_collections.ConfigDict, workdir: str,
                      options: ValueTableOptions = ValueTableOptions()) -> dict:
   """Steps 1-3 of the module docstring; returns value_tables.json's content."""
   started = time.perf_counter()
-  inputs = calibration_inputs(config, eval_data, model,
-                              options.num_calib_windows, load_key_stats=False)
+  inputs, records, header = recorded_calibration(
+      config, eval_data, model, options.num_calib_windows)
   lm, split = inputs.model, inputs.split
-  records = record_qkv(lm, split.calib_WxT, batch_size=1)
   rows = measure(lm, records, options)
   summ = summary(rows, lm.config, options)
-  out = {"machine": machine_description(), "model": inputs.model_name,
-         "data": inputs.source,
-         "calibration_tokens": list(split.calib_range),
-         "evaluation_tokens": list(split.eval_range),
+  out = {**header,
          "options": dataclasses.asdict(options), "summary": summ,
          "rows": rows, "seconds": round(time.perf_counter() - started, 1)}
   path = pathlib.Path(workdir)
