@@ -125,19 +125,25 @@ def kmeans(x_NxC: np.ndarray, k: int, iters: int = 25,
     dist = np.minimum(dist, np.sum((x - cent[-1]) ** 2, axis=1))
   c = np.stack(cent)
   for _ in range(iters):
-    c = _cell_means(x, nearest(x, c), c)
+    c = cell_means(x, nearest(x, c), c)
   return c
 
 
-def _cell_means(x_NxC, assign_N, c_KxC):
-  """Each centroid moved to its cell's mean (empty cells stay)."""
+def cell_means(x_NxC, assign_N, c_KxC, weights_N=None):
+  """Each centroid moved to its cell's (weighted) mean; an empty or
+  zero-weight cell keeps its centroid."""
   k = len(c_KxC)
-  count = np.bincount(assign_N, minlength=k)
-  sums = np.stack([np.bincount(assign_N, weights=x_NxC[:, j], minlength=k)
-                   for j in range(x_NxC.shape[1])], axis=1)
-  filled = count > 0
+  if weights_N is None:
+    mass = np.bincount(assign_N, minlength=k)
+    cols = [x_NxC[:, j] for j in range(x_NxC.shape[1])]
+  else:
+    mass = np.bincount(assign_N, weights=weights_N, minlength=k)
+    cols = [weights_N * x_NxC[:, j] for j in range(x_NxC.shape[1])]
+  sums = np.stack([np.bincount(assign_N, weights=col, minlength=k)
+                   for col in cols], axis=1)
+  filled = mass > 0
   out = c_KxC.copy()
-  out[filled] = sums[filled] / count[filled, None]
+  out[filled] = sums[filled] / mass[filled, None]
   return out
 
 
@@ -152,7 +158,7 @@ def lloyd_max_1d(x_N: np.ndarray, levels: int, iters: int = 50) -> np.ndarray:
   x = np.asarray(x_N, np.float64)[:, None]
   c = np.quantile(x[:, 0], (np.arange(levels) + 0.5) / levels)[:, None]
   for _ in range(iters):
-    c = _cell_means(x, np.searchsorted(0.5 * (c[1:, 0] + c[:-1, 0]), x[:, 0]),
+    c = cell_means(x, np.searchsorted(0.5 * (c[1:, 0] + c[:-1, 0]), x[:, 0]),
                     c)
     c = np.sort(c, axis=0)
   return c[:, 0]

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvq_jax.quant import vector_codebook
+from kvq_jax.research.dependence import cell_means
 
 
 def _groups(x_NxD: np.ndarray, c: int) -> np.ndarray:
@@ -100,15 +101,10 @@ def fit_table(points_PxC: np.ndarray, start_MxC: np.ndarray,
   if w.shape != (len(p),) or np.any(w < 0):
     raise ValueError(f"fit_table: weights of shape {w.shape} for {len(p)} "
                      "points; allowed: one non-negative weight per point.")
-  cb = np.asarray(start_MxC, np.float64).copy()
-  m = len(cb)
+  cb = np.asarray(start_MxC, np.float64)
   for _ in range(iters):
     idx, _ = vector_codebook.nearest(p, cb)
-    mass = np.bincount(idx, weights=w, minlength=m)
-    sums = np.stack([np.bincount(idx, weights=w * p[:, j], minlength=m)
-                     for j in range(p.shape[1])], axis=1)
-    filled = mass > 0
-    cb[filled] = sums[filled] / mass[filled, None]
+    cb = cell_means(p, idx, cb, w)
   return cb
 
 

@@ -81,10 +81,6 @@ def _scaled_points(x_NxD, c, group_w_J):
           vt.group_weights(n, d, c, rho2, group_w_J))
 
 
-def _costs(test_NxD, recon_NxD, metric_DxD):
-  return vt.distortion(test_NxD, recon_NxD, metric_DxD)
-
-
 def layer_rows(v_NxKxD: np.ndarray, metrics_KxDxD: np.ndarray, layer: int,
                options: ValueTableOptions) -> list[dict]:
   """Step 2 for one layer: `v_NxKxD` its values (tokens in order),
@@ -118,11 +114,11 @@ def layer_rows(v_NxKxD: np.ndarray, metrics_KxDxD: np.ndarray, layer: int,
         "head_unscaled": vt.fit_table(
             raw, shared * rms, vt.group_weights(ntrain, d, c, None, gw[k]),
             options.iters)}
-    base = _costs(test, vt.encode_scaled(test, shared), m_rot[k])
+    base = vt.distortion(test, vt.encode_scaled(test, shared), m_rot[k])
     row = {"layer": layer, "kv_head": k, "shared": base}
     for name, table in tables.items():
       enc = vt.encode_unscaled if name == "head_unscaled" else vt.encode_scaled
-      cost = _costs(test, enc(test, table), m_rot[k])
+      cost = vt.distortion(test, enc(test, table), m_rot[k])
       row[name] = dict(cost, **{
           f"gain_bits_{m}": vt.gain_bits(base[m], cost[m])
           for m in ("plain", "weighted")})
