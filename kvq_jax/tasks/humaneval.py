@@ -51,7 +51,8 @@ from kvq_jax.serving.engine import Engine, EngineConfig
 from kvq_jax.serving.request import Request
 from kvq_jax.settings.experiment_settings import settings_from_config
 from kvq_jax.sweep.resolve import resolve_points
-from kvq_jax.tasks import code_extract, humaneval_report, sandbox
+from kvq_jax.tasks import (code_extract, humaneval_report, sandbox,
+                           sandbox_isolation)
 
 PROMPT_FORMATS = ("chat", "completion")
 BASELINE = "baseline"
@@ -132,6 +133,21 @@ def _engine(runtime: Runtime, tokenizer, spec: CacheSpec | None, cache_dtype,
   return Engine(runtime, config, tokenizer)
 
 
+def execute(problem: dict, answer: str, prompt_format: str,
+            limits: sandbox.Limits) -> dict:
+  """Extracts `answer`'s code and runs it with the problem's tests: the
+  record's verdict fields (passed, status, detail, method, exec_s,
+  isolation)."""
+  extracted = code_extract.extract(answer, problem["entry_point"],
+                                   prompt_format)
+  outcome = sandbox.run_program(code_extract.program(problem, extracted),
+                                limits)
+  return {"passed": outcome.passed, "status": outcome.status,
+          "detail": outcome.detail[-300:], "method": extracted.method,
+          "exec_s": round(outcome.seconds, 3),
+          "isolation": outcome.isolation}
+
+
 def run_pass(runtime: Runtime, tokenizer, problems: Sequence[dict],
              spec: CacheSpec | None, cache_dtype, request: HumanEvalRequest
              ) -> tuple[list[dict], dict]:
@@ -153,17 +169,11 @@ def run_pass(runtime: Runtime, tokenizer, problems: Sequence[dict],
   records, start = [], time.perf_counter()
   for problem, (ids, _, _), result in zip(problems, encoded, results):
     answer = tokenizer.decode(result.new_ids, skip_special_tokens=True)
-    extracted = code_extract.extract(answer, problem["entry_point"],
-                                     request.prompt_format)
-    outcome = sandbox.run_program(
-        code_extract.program(problem, extracted), request.limits)
     records.append({
-        "task_id": problem["task_id"], "passed": outcome.passed,
-        "status": outcome.status, "detail": outcome.detail[-300:],
-        "method": extracted.method, "prompt_tokens": len(ids),
-        "new_tokens": len(result.new_ids),
-        "finish_reason": result.finish_reason, "answer": answer,
-        "exec_s": round(outcome.seconds, 3), "isolation": outcome.isolation})
+        "task_id": problem["task_id"],
+        **execute(problem, answer, request.prompt_format, request.limits),
+        "prompt_tokens": len(ids), "new_tokens": len(result.new_ids),
+        "finish_reason": result.finish_reason, "answer": answer})
   execute_s = time.perf_counter() - start
   timing = {"generate_s": generate_s, "execute_s": execute_s,
             "decode_steps": len(engine.steps),
@@ -206,6 +216,9 @@ def run_humaneval(config: ml_collections.ConfigDict, workdir: str,
     The humaneval.json content.
   """
   started = time.perf_counter()
+  results = pathlib.Path(workdir) / humaneval_report.RESULTS_FILE
+  earlier = (humaneval_report.read(results, "--resume")  # Before the model.
+             if resume and results.exists() else None)
   settings = settings_from_config(config)
   model_name = model or settings.model
   lm = load_model(model_name, settings.dtype)
@@ -213,6 +226,8 @@ def run_humaneval(config: ml_collections.ConfigDict, workdir: str,
     raise ValueError(f"humaneval: model {model_name!r} has no tokenizer.")
   presets = resolve_points(settings, name, points, lm.config)
   problems = load_problems(request.limit)
+  print(sandbox_isolation.describe(sandbox_isolation.available()),
+        flush=True)
   runtime = Runtime(lm.decoder)
   passes = [(BASELINE, None)] + [(p.name, p.spec) for p in presets]
   out = {"machine": machine_description(), "model": model_name,
@@ -228,8 +243,8 @@ def run_humaneval(config: ml_collections.ConfigDict, workdir: str,
              lm.tokenizer, problems[0], request.prompt_format)[0]),
          "passes": [], "records": {}}
   workdir_path = pathlib.Path(workdir)
-  if resume:
-    _resume(out, workdir_path / humaneval_report.RESULTS_FILE)
+  if earlier is not None:
+    _resume(out, earlier, results)
   for preset, spec in passes:
     if preset in out["records"]:
       logging.info("humaneval: %s kept from the earlier run", preset)
@@ -247,9 +262,9 @@ def run_humaneval(config: ml_collections.ConfigDict, workdir: str,
            "at_tokens": tokens, **timing,
            "seconds_per_problem": (timing["generate_s"]
                                    + timing["execute_s"]) / len(problems),
-           "methods": _counts(r["method"] for r in records),
-           "statuses": _counts(r["status"] for r in records),
-           "finish_reasons": _counts(r["finish_reason"] for r in records)}
+           "methods": counts(r["method"] for r in records),
+           "statuses": counts(r["status"] for r in records),
+           "finish_reasons": counts(r["finish_reason"] for r in records)}
     if preset != BASELINE:
       row["paired"] = compare(out["records"][BASELINE], records)
     out["passes"].append(row)
@@ -271,11 +286,8 @@ _RESUME_KEYS = ("model", "prompt_format", "max_new_tokens", "num_problems",
                 "chat_instruction")
 
 
-def _resume(out: dict, path: pathlib.Path) -> None:
-  """Copies the passes of the run at `path` (if any) into `out`."""
-  if not path.exists():
-    return
-  earlier = json.loads(path.read_text(encoding="utf-8"))
+def _resume(out: dict, earlier: dict, path: pathlib.Path) -> None:
+  """Copies the passes of the `earlier` run (read from `path`) into `out`."""
   for key in _RESUME_KEYS:
     if json.dumps(earlier.get(key)) != json.dumps(out[key], default=str):
       raise ValueError(
@@ -287,7 +299,7 @@ def _resume(out: dict, path: pathlib.Path) -> None:
   out["resumed_from"] = [row["name"] for row in earlier["passes"]]
 
 
-def _counts(values) -> dict:
+def counts(values) -> dict:
   counts: dict = {}
   for v in values:
     counts[str(v)] = counts.get(str(v), 0) + 1

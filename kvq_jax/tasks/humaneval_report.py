@@ -11,6 +11,7 @@ summary (`summary_markdown`) beside the quality results.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 from kvq_jax.eval.uncertainty_format import describe_delta_ci
@@ -60,6 +61,21 @@ def summary_markdown(out: dict) -> str:
   return "\n".join(lines)
 
 
+def rescore_markdown(out: dict) -> str:
+  """Per pass: passed before and after a re-score, and what changed."""
+  lines = ["| cache | passed before | passed after | verdicts changed |",
+           "|---|---|---|---|"]
+  for row in out["passes"]:
+    info = row.get("rescore")
+    if info is None:
+      continue
+    changes = ", ".join(f"{c['task_id']} {c['before']} -> {c['after']}"
+                        for c in info["changed"]) or "none"
+    lines.append(f"| {row['name']} | {info['before_passed']} | "
+                 f"{row['passed']} | {len(info['changed'])}: {changes} |")
+  return "\n".join(lines)
+
+
 def problems_markdown(out: dict) -> str:
   """Per problem: pass (P) or fail (.) in every pass, and the extraction."""
   names = [row["name"] for row in out["passes"]]
@@ -80,16 +96,46 @@ def write(workdir: pathlib.Path, out: dict, config) -> list[pathlib.Path]:
   workdir.mkdir(parents=True, exist_ok=True)
   paths = [workdir / RESULTS_FILE, workdir / "humaneval.md",
            workdir / "config.json"]
-  paths[0].write_text(json.dumps(out, indent=1, default=str),
-                      encoding="utf-8")
+  _write_atomically(paths[0], json.dumps(out, indent=1, default=str))
   paths[1].write_text(
       "# HumanEval\n\n" + summary_markdown(out)
       + "\n\nΔ: the preset's pass@1 minus the baseline's on the same "
       "problems, with the exact paired-bootstrap 95% CI; lost / gained: "
       "problems the baseline passes and the preset fails / the reverse; "
-      "McNemar p: exact, two-sided.\n\n## Per problem (P pass, . fail; "
+      "McNemar p: exact, two-sided.\n\n" + (
+          "## Re-scored with the current harness (`experiments.humaneval "
+          f"--rescore`, {out['rescored']['isolation']})\n\n"
+          + rescore_markdown(out) + "\n\n" if "rescored" in out else "")
+      + "## Per problem (P pass, . fail; "
       "the code extraction)\n\n" + problems_markdown(out) + "\n",
       encoding="utf-8")
   paths[2].write_text(config.to_json(indent=1) if hasattr(config, "to_json")
                       else json.dumps(config, default=str), encoding="utf-8")
   return paths
+
+
+def _write_atomically(path: pathlib.Path, text: str) -> None:
+  """`text` to `path` through a temporary file and a rename: a reader (or
+  --resume after a crash) sees the old file or the new one, never half."""
+  partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
+  try:
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+  finally:
+    partial.unlink(missing_ok=True)
+
+
+def read(path: pathlib.Path, purpose: str) -> dict:
+  """humaneval.json at `path`, or a one-line ValueError if it is damaged."""
+  try:
+    out = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(out, dict) or not isinstance(out.get("passes"), list) \
+        or not isinstance(out.get("records"), dict):
+      raise ValueError("no 'passes' list or 'records' table")
+    for row in out["passes"]:
+      if row["name"] not in out["records"]:
+        raise ValueError(f"pass {row['name']!r} has no records")
+  except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+    raise ValueError(f"humaneval {purpose}: {path} is damaged ({e}); remove "
+                     "it or use another --workdir.") from None
+  return out
