@@ -1,10 +1,17 @@
 """The `--eval_data` and `--model` flags every experiment script shares (or
-`--model` alone), and the parsing of comma-separated integer lists."""
+`--model` alone), and the parsing of comma-separated integer lists.
+
+`--eval_data` is checked as the flags are parsed (`eval.corpus.read_eval_file`:
+the file exists, is not empty, is UTF-8 text), so a bad file fails in one line
+before any model is fetched, converted or loaded.
+"""
 
 from __future__ import annotations
 
 from absl import app
 from absl import flags
+
+from kvq_jax.eval.corpus import read_eval_file
 
 
 def DEFINE_data_flags() -> tuple[flags.FlagHolder, flags.FlagHolder]:  # pylint: disable=invalid-name
@@ -13,10 +20,30 @@ def DEFINE_data_flags() -> tuple[flags.FlagHolder, flags.FlagHolder]:  # pylint:
   Both default to None: the standard-library text (WORKSPACE.md) and the
   preset's `config.model`.
   """
-  eval_data = flags.DEFINE_string(
-      "eval_data", None,
-      "UTF-8 text file; default: stdlib sources (WORKSPACE.md)")
-  return eval_data, DEFINE_model_flag()
+  return DEFINE_eval_data_flag(), DEFINE_model_flag()
+
+
+def DEFINE_eval_data_flag(  # pylint: disable=invalid-name
+    help_text: str = "UTF-8 text file; default: stdlib sources (WORKSPACE.md)",
+    flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagHolder:
+  """Defines --eval_data alone (default None), validated when parsed: a
+  missing, empty or binary file is a flag error naming it (module
+  docstring)."""
+  holder = flags.DEFINE_string("eval_data", None, help_text,
+                               flag_values=flag_values)
+  flags.register_validator(holder, _check_eval_data,
+                           flag_values=flag_values)
+  return holder
+
+
+def _check_eval_data(value: str | None) -> bool:
+  """absl validator: a given file must be readable text (None: default)."""
+  if value:
+    try:
+      read_eval_file(value)
+    except ValueError as e:
+      raise flags.ValidationError(str(e)) from e
+  return True
 
 
 def DEFINE_model_flag() -> flags.FlagHolder:  # pylint: disable=invalid-name

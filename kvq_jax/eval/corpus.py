@@ -48,17 +48,46 @@ def default_corpus() -> tuple[str, str]:
   return "\n".join(parts), description
 
 
-def load_eval_text(path: str | os.PathLike | None) -> tuple[str, str]:
-  """Reads `path` (UTF-8), or the default corpus when path is None or ''.
+# More U+FFFD than this fraction of the decoded characters: not UTF-8 text
+# (a binary file, or another encoding), refused rather than evaluated on.
+MAX_REPLACEMENT_FRACTION = 0.001
 
-  Returns (text, description). Raises ValueError for a missing or empty file.
+
+def read_eval_file(path: str | os.PathLike) -> str:
+  """The text of the file `path`, checked without any model.
+
+  Raises ValueError naming the file when it is missing, not a file, empty
+  (whitespace only) or not UTF-8 text: more than MAX_REPLACEMENT_FRACTION
+  of its characters undecodable (each becomes U+FFFD). Called by
+  `load_eval_text` and, as the flag is parsed, by `--eval_data`'s validator
+  (`kvq_jax.cli.data_flags`), so a bad file fails before a model loads.
   """
-  if not path:
-    return default_corpus()
   file = pathlib.Path(path).expanduser()
-  if not file.is_file():
+  if not file.exists():
     raise ValueError(f"eval_data={str(path)!r}: no such file.")
+  if not file.is_file():
+    raise ValueError(f"eval_data={str(path)!r}: not a file; allowed: a "
+                     "UTF-8 text file.")
   text = file.read_text(encoding="utf-8", errors="replace")
   if not text.strip():
     raise ValueError(f"eval_data={str(path)!r}: the file is empty.")
-  return text, str(file)
+  replaced = text.count("\ufffd")
+  if replaced > MAX_REPLACEMENT_FRACTION * len(text):
+    raise ValueError(
+        f"eval_data={str(path)!r}: {replaced} of its {len(text)} characters "
+        f"are not UTF-8 (decoded as U+FFFD; at most "
+        f"{MAX_REPLACEMENT_FRACTION:.1%} are accepted); allowed: UTF-8 text, "
+        "not a binary file (another encoding converts with `iconv -t "
+        "UTF-8`).")
+  return text
+
+
+def load_eval_text(path: str | os.PathLike | None) -> tuple[str, str]:
+  """Reads `path` (UTF-8), or the default corpus when path is None or ''.
+
+  Returns (text, description). Raises ValueError for a missing, empty or
+  non-UTF-8 file (`read_eval_file`).
+  """
+  if not path:
+    return default_corpus()
+  return read_eval_file(path), str(pathlib.Path(path).expanduser())

@@ -45,3 +45,24 @@ def test_empty_file(tmp_path):
   file.write_text(" \n\t\n")
   with pytest.raises(ValueError, match="empty"):
     load_eval_text(file)
+
+
+def test_binary_file_is_refused_naming_it_and_the_count(tmp_path):
+  """Undecodable bytes become U+FFFD; more than 0.1% of them is not text."""
+  file = tmp_path / "weights.bin"
+  file.write_bytes(b"header\x00" + bytes(range(128, 256)) * 4 + b"tail\n")
+  with pytest.raises(ValueError, match=r"eval_data='.*weights\.bin': 512 of "
+                     r"its \d+ characters are not UTF-8 .*allowed: UTF-8"):
+    load_eval_text(str(file))
+
+
+def test_a_few_bad_bytes_in_real_text_are_kept(tmp_path):
+  file = tmp_path / "mostly.txt"
+  file.write_bytes(b"plain words " * 1000 + b"\xff")  # 1 in 12001: < 0.1%.
+  text, _ = load_eval_text(file)
+  assert text.count("\ufffd") == 1 and text.startswith("plain words")
+
+
+def test_directory_is_not_a_file(tmp_path):
+  with pytest.raises(ValueError, match=r"not a file; allowed: a UTF-8 text"):
+    load_eval_text(tmp_path)
