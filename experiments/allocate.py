@@ -25,6 +25,7 @@ from absl import app
 from absl import flags
 
 from kvq_jax.cli import log_setup
+from kvq_jax.cli.entry import run_main
 from kvq_jax.facade import model_config
 from kvq_jax.research import allocator
 from kvq_jax.research import format_constants
@@ -100,4 +101,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

@@ -18,7 +18,6 @@ timing.
 
 from __future__ import annotations
 
-from absl import app
 from absl import flags
 import jax
 
@@ -29,6 +28,7 @@ from kvq_jax.bench import kernel_bench
 from kvq_jax.bench.kinds import DEFAULT_KINDS
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.data_flags import int_list
+from kvq_jax.cli.entry import run_main
 from kvq_jax.facade import model_config
 
 SHAPES = {"8b": (8, 4, 128)}  # Synthetic (K, G, H) without a checkpoint.
@@ -104,4 +104,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

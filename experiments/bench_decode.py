@@ -48,7 +48,6 @@ and cache_bytes_ratio. --repeats is not used there; --max_context is.
 
 from __future__ import annotations
 
-from absl import app
 from absl import flags
 
 from kvq_jax import assets
@@ -59,6 +58,7 @@ from kvq_jax.bench.timing import machine_description
 from kvq_jax.calibration import auto_key_stats
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.data_flags import int_list
+from kvq_jax.cli.entry import run_main
 from kvq_jax.facade import model_config
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.models.runtime import Runtime
@@ -139,4 +139,4 @@ def _generate(runtime: Runtime, contexts: list[int], batches: tuple[int, ...]
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

@@ -8,13 +8,13 @@ bfloat16 copy (x + 0) of the same tensor.
 
 from __future__ import annotations
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
 
 from kvq_jax.bench.timing import machine_description, time_fn
 from kvq_jax.cli import log_setup
+from kvq_jax.cli.entry import run_main
 from kvq_jax.quant import QuantSpec, dequantize, quantize
 
 _TOKENS = flags.DEFINE_integer(
@@ -53,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

@@ -22,6 +22,7 @@ from kvq_jax.calibration.runner import calibrate
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.config_flag import DEFINE_preset_config
 from kvq_jax.cli.data_flags import DEFINE_data_flags
+from kvq_jax.cli.entry import run_main
 
 _CONFIG = DEFINE_preset_config("config", default="int2_g32_asym")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/calibrate", "output directory")
@@ -55,4 +56,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

@@ -23,6 +23,7 @@ from kvq_jax.calibration.key_stats import KeyStatsOptions
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.config_flag import DEFINE_preset_config
 from kvq_jax.cli.data_flags import DEFINE_data_flags
+from kvq_jax.cli.entry import run_main
 
 _CONFIG = DEFINE_preset_config("config", default="tq4")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/key_stats/smollm2-135m",
@@ -71,4 +72,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

@@ -25,6 +25,7 @@ from kvq_jax.capacity.catalog import Catalog
 from kvq_jax.capacity.kinds import DEFAULT_KINDS
 from kvq_jax.capacity.planner import CapacityRequest, run_capacity
 from kvq_jax.cli import log_setup
+from kvq_jax.cli.entry import run_main
 from kvq_jax.settings import presets
 from kvq_jax.settings.experiment_settings import settings_from_config
 
@@ -64,4 +65,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

@@ -28,6 +28,7 @@ from kvq_jax.calibration.kl_fit_runner import fit_keys
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.config_flag import DEFINE_preset_config
 from kvq_jax.cli.data_flags import DEFINE_data_flags
+from kvq_jax.cli.entry import run_main
 
 _CONFIG = DEFINE_preset_config("config", default="kq4")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/key_stats/smollm2-135m-range-kl",
@@ -61,4 +62,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

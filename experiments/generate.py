@@ -26,6 +26,7 @@ from kvq_jax.calibration import auto_key_stats
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.cli.data_flags import DEFINE_model_flag
+from kvq_jax.cli.entry import run_main
 from kvq_jax.generation import runner
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
@@ -60,4 +61,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

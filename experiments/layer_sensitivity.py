@@ -18,6 +18,7 @@ from absl import flags
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.cli.data_flags import DEFINE_data_flags
+from kvq_jax.cli.entry import run_main
 from kvq_jax.research.sensitivity_runner import run_layer_sensitivity
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
@@ -55,4 +56,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

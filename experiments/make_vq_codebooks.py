@@ -8,9 +8,10 @@ beside the scalar Lloyd-Max product's.
 
 from __future__ import annotations
 
-from absl import app, flags, logging
+from absl import flags, logging
 import numpy as np
 
+from kvq_jax.cli.entry import run_main
 from kvq_jax.quant import vector_codebook
 
 _SAMPLES = flags.DEFINE_integer("num_samples", 1 << 18,
@@ -39,4 +40,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

@@ -23,6 +23,7 @@ from absl import flags
 from kvq_jax import assets
 from kvq_jax.bench.timing import write_measured
 from kvq_jax.cli import log_setup
+from kvq_jax.cli.entry import run_main
 from kvq_jax.facade import model_config
 from kvq_jax.serving.paged_check import check_presets
 from kvq_jax.settings.presets import available_presets
@@ -49,4 +50,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

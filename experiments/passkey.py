@@ -27,6 +27,7 @@ from absl import flags
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.cli.data_flags import DEFINE_data_flags, int_list
+from kvq_jax.cli.entry import run_main
 from kvq_jax.longctx.passkey import (FILLERS, PRESETS_ON, PasskeyRequest,
                                      run_passkey)
 
@@ -67,4 +68,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

@@ -22,6 +22,7 @@ from kvq_jax.bench.decode_speed import equal_slots
 from kvq_jax.bench.kinds import DEFAULT_KINDS, resolve_kind
 from kvq_jax.bench.timing import machine_description, write_measured
 from kvq_jax.cli import log_setup
+from kvq_jax.cli.entry import run_main
 from kvq_jax.facade import model_config
 
 _KINDS = flags.DEFINE_list("kinds", list(DEFAULT_KINDS),
@@ -59,4 +60,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

@@ -17,6 +17,7 @@ from kvq_jax.bench.read_profile import profile_storage_read
 from kvq_jax.bench.timing import machine_description, write_measured
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.data_flags import int_list
+from kvq_jax.cli.entry import run_main
 
 _KINDS = flags.DEFINE_list("kinds", ["bf16", "float32", "int8", "q4_0"],
                            "bf16, float32 or short format names.")
@@ -50,4 +51,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

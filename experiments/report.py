@@ -17,6 +17,7 @@ kvq_jax/report/results_collect.py and results_table.py.
 from absl import app
 from absl import flags
 
+from kvq_jax.cli.entry import run_main
 from kvq_jax.report.results_table import write_report
 
 _RUNS = flags.DEFINE_string("runs", "runs", "folder searched for results")
@@ -34,4 +35,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

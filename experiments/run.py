@@ -18,6 +18,7 @@ from kvq_jax.cli.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.cli.data_flags import DEFINE_data_flags
 from kvq_jax.cli.distributed_flags import (DEFINE_distributed_flags,
                                            start_distributed)
+from kvq_jax.cli.entry import run_main
 from kvq_jax.run import runner
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
@@ -43,4 +44,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

@@ -23,6 +23,8 @@ from absl import flags
 from kvq_jax import assets
 from kvq_jax.calibration import auto_key_stats
 from kvq_jax.cli import log_setup
+from kvq_jax.cli.data_flags import DEFINE_eval_data_flag
+from kvq_jax.cli.entry import run_main
 from kvq_jax.serving import bench_runner
 
 _MODEL = flags.DEFINE_string("model", assets.DEFAULT_MODEL,
@@ -51,7 +53,7 @@ _PAGE = flags.DEFINE_integer("page_size", 32, "tokens per page")
 _CHUNK = flags.DEFINE_integer("prefill_chunk", 256, "largest prefill chunk")
 _SEED = flags.DEFINE_integer("seed", 0, "workload seed")
 _EOS = flags.DEFINE_bool("stop_at_eos", False, "stop requests at EOS")
-_DATA = flags.DEFINE_string("eval_data", None, "corpus for the prompts")
+_DATA = DEFINE_eval_data_flag("corpus for the prompts")
 _OUT = flags.DEFINE_string("out", "runs/serve/latest", "output folder")
 
 
@@ -59,22 +61,19 @@ def main(argv):
   log_setup.configure_from_flags()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    # Key-stats recipes of the kinds resolve for --model on --eval_data
-    # (calibration.auto_key_stats).
-    auto_key_stats.resolves_for_run(bench_runner.main)(
-        model=_MODEL.value, kinds=_KINDS.value, kv_budget_mib=_BUDGET_MIB.value,
-        device_memory_gib=_DEVICE_GIB.value,
-        budget_requests=_BUDGET_REQUESTS.value, num_requests=_NUM.value,
-        prompt_len=_PROMPT.value, output_len=_OUTPUT.value,
-        lengths=_LENGTHS.value, arrival=_ARRIVAL.value,
-        max_slots=_SLOTS.value, shared_prefix_len=_PREFIX.value,
-        prefix_caching=_PREFIX_CACHING.value, page_size=_PAGE.value,
-        prefill_chunk=_CHUNK.value, seed=_SEED.value,
-        stop_at_eos=_EOS.value, eval_data=_DATA.value, out=_OUT.value)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
+  # Key-stats recipes of the kinds resolve for --model on --eval_data
+  # (calibration.auto_key_stats).
+  auto_key_stats.resolves_for_run(bench_runner.main)(
+      model=_MODEL.value, kinds=_KINDS.value, kv_budget_mib=_BUDGET_MIB.value,
+      device_memory_gib=_DEVICE_GIB.value,
+      budget_requests=_BUDGET_REQUESTS.value, num_requests=_NUM.value,
+      prompt_len=_PROMPT.value, output_len=_OUTPUT.value,
+      lengths=_LENGTHS.value, arrival=_ARRIVAL.value,
+      max_slots=_SLOTS.value, shared_prefix_len=_PREFIX.value,
+      prefix_caching=_PREFIX_CACHING.value, page_size=_PAGE.value,
+      prefill_chunk=_CHUNK.value, seed=_SEED.value,
+      stop_at_eos=_EOS.value, eval_data=_DATA.value, out=_OUT.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

@@ -24,6 +24,7 @@ from kvq_jax.calibration import auto_key_stats
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.config_flag import DEFINE_preset_config
 from kvq_jax.cli.data_flags import DEFINE_data_flags, int_list
+from kvq_jax.cli.entry import run_main
 from kvq_jax.sweep.runner import SweepRequest, run_sweep
 
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
@@ -62,4 +63,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

@@ -22,6 +22,7 @@ from absl import flags
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.config_flag import DEFINE_preset_config
 from kvq_jax.cli.data_flags import DEFINE_data_flags
+from kvq_jax.cli.entry import run_main
 from kvq_jax.research.value_tables_runner import (ValueTableOptions,
                                                   run_value_tables)
 
@@ -61,4 +62,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

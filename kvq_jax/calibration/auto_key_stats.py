@@ -205,6 +205,7 @@ def _build(entry: pathlib.Path, value: str, options: KeyStatsOptions,
     raise ValueError(f"cache.key_stats={value!r}: model {model!r} has no "
                      "tokenizer to read the calibration text with.")
   ids, bos_id = text_ids(lm.tokenizer, text)
+  lm.config.check_context(window_len, f"eval.window_len={window_len}")
   split = split_windows(ids, window_len, num_eval_windows, NUM_CALIB_WINDOWS,
                         bos_id)
   print(f"kvq_jax: key stats {value!r} for {model}: none cached; "

@@ -53,6 +53,8 @@ def calibration_inputs(config: ml_collections.ConfigDict,
   lm = load_model(model_name, settings.dtype)
   if lm.tokenizer is None:
     raise ValueError(f"calibration: model {model_name!r} has no tokenizer.")
+  lm.config.check_context(settings.eval.window_len,
+                          f"eval.window_len={settings.eval.window_len}")
   text, source = load_eval_text(eval_data)
   ids, bos_id = text_ids(lm.tokenizer, text)
   split = split_windows(ids, settings.eval.window_len,

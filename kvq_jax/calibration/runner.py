@@ -74,6 +74,8 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str,
   cfg = lm.config
   if lm.tokenizer is None:
     raise ValueError(f"calibrate: model {model_name!r} has no tokenizer.")
+  cfg.check_context(settings.eval.window_len,
+                    f"eval.window_len={settings.eval.window_len}")
   if cfg.local_layers and settings.eval.window_len > cfg.sliding_window:
     raise ValueError(
         f"calibrate: eval.window_len={settings.eval.window_len} exceeds the "

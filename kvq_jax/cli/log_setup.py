@@ -33,7 +33,8 @@ _LOG_LEVEL = flags.DEFINE_enum(
     "log_level", "warning", LOG_LEVELS,
     "lowest level of other libraries' (orbax, absl, jax) log records shown; "
     "kvq_jax's own messages and Python warnings always show. An explicit "
-    "--verbosity (absl's) wins over it.")
+    "--verbosity (absl's) wins over it. debug also shows the traceback of "
+    "an error that bad input raised (cli.entry), else one line.")
 
 # kvq_jax and the packages installed beside it (pyproject's packages.find).
 _INSTALL_DIR = os.path.dirname(os.path.dirname(
@@ -76,6 +77,11 @@ def configure(log_level: str = "warning",
     handler.removeFilter(old)
   handler.addFilter(OtherLibrariesFilter(
       logging.getLevelName(log_level.upper())))
+
+
+def debug_requested() -> bool:
+  """Whether `--log_level=debug` was given (the flags are parsed)."""
+  return _LOG_LEVEL.value == "debug"
 
 
 def configure_from_flags() -> None:

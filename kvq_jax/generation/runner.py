@@ -2,7 +2,8 @@
 
 Reads the prompts (`read_prompts`), loads the model of the preset (or
 `--model`), encodes each prompt (optionally through the chat template,
-`encode_prompt`), decodes it with every cache kind
+`encode_prompt`; one longer than the model's positions is refused before
+anything compiles), decodes it with every cache kind
 (`compare.continue_prompt`) and prints the report
 (`report.format_comparison`).
 """
@@ -83,10 +84,16 @@ def run(config: ml_collections.ConfigDict, prompts: Sequence[str], *,
     raise ValueError(f"model {model_name!r} has no tokenizer; allowed: a "
                      "checkpoint that carries one (GGUF metadata or "
                      "tokenizer.json).")
+  encoded = [encode_prompt(lm.tokenizer, text, chat) for text in prompts]
+  for i, (ids, _, _) in enumerate(encoded):  # Every prompt before compiling.
+    # The cache ends up holding the prompt and all but the last new token.
+    lm.config.check_context(
+        len(ids) + max_new_tokens - 1,
+        f"prompt {i + 1} ({len(ids)} tokens) with --max_new_tokens="
+        f"{max_new_tokens}")
   runtime = Runtime(lm.decoder)
   out = []
-  for i, text in enumerate(prompts):
-    ids, family, stop_id = encode_prompt(lm.tokenizer, text, chat)
+  for i, (text, (ids, family, stop_id)) in enumerate(zip(prompts, encoded)):
     capacity, continuations = continue_prompt(runtime, ids, kinds,
                                               max_new_tokens, stop_id)
     comparison = PromptComparison(

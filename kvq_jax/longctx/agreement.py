@@ -296,11 +296,11 @@ def run_agreement(config: ml_collections.ConfigDict,
   started = time.perf_counter()
   model_name = model or config.model
   settings, request, lm = decoding.load_for_request(config, request, model,
-                                                    "agreement")
+                                                    "agreement", points)
   for length in request.prefix_lens:
     # The cache ends up holding the prompt and all but the last new token.
-    decoding.check_context(
-        lm.config, length + request.new_tokens - 1,
+    lm.config.check_context(
+        length + request.new_tokens - 1,
         f"--prefix_lens={length} with --new_tokens={request.new_tokens}")
   presets = decoding.resolve_points(settings, name, points, lm.config)
   if not presets:

@@ -35,9 +35,9 @@ from kvq_jax.cache.base import LayerCache
 from kvq_jax.cache.factory import init_cache
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.facade import load_model
-from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.runtime import Runtime
 from kvq_jax.settings.experiment_settings import settings_from_config
+from kvq_jax.sweep.resolve import check_points
 from kvq_jax.sweep.resolve import resolve_points  # noqa: F401 (re-exported)
 
 PREFILL_CHUNK = 512
@@ -45,14 +45,16 @@ BASELINE = "baseline"  # Name of the full-precision pass in every output.
 
 
 def load_for_request(config: ml_collections.ConfigDict, request, model,
-                     what: str):
+                     what: str, points: str | Sequence[str] | None = None):
   """(settings, request with its prefill_chunk resolved, the loaded model).
 
   `request.prefill_chunk` None takes the config's `eval.prefill_chunk`;
-  `model` overrides `config.model`. ValueError (prefixed by `what`) when the
-  model has no tokenizer.
+  `model` overrides `config.model`; `points` (`--points`) are parsed before
+  the model loads (`sweep.resolve.check_points`). ValueError (prefixed by
+  `what`) when the model has no tokenizer.
   """
   settings = settings_from_config(config)
+  check_points(settings, points)
   if request.prefill_chunk is None:
     request = dataclasses.replace(
         request, prefill_chunk=settings.eval.prefill_chunk)
@@ -62,20 +64,6 @@ def load_for_request(config: ml_collections.ConfigDict, request, model,
     raise ValueError(f"{what}: model {model_name!r} has no tokenizer; "
                      "allowed: a checkpoint that carries one.")
   return settings, request, lm
-
-
-def check_context(config: ModelConfig, num_tokens: int, what: str) -> None:
-  """Raises ValueError when `num_tokens` exceed the model's trained positions.
-
-  `what` names the setting in the message (e.g. '--contexts=16384').
-  """
-  limit = config.max_position_embeddings
-  if num_tokens > limit:
-    raise ValueError(
-        f"{what}: {num_tokens} tokens exceed the model's "
-        f"max_position_embeddings={limit}; allowed: at most {limit} tokens "
-        "(positions past the trained range measure the model's RoPE "
-        "extrapolation, not the cache).")
 
 
 def positive_int(value: int, what: str) -> int:

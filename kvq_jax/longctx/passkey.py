@@ -471,9 +471,9 @@ def run_passkey(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
   started = time.perf_counter()
   model_name = model or config.model
   settings, request, lm = decoding.load_for_request(config, request, model,
-                                                    "passkey")
+                                                    "passkey", points)
   for context in request.contexts:
-    decoding.check_context(lm.config, context, f"--contexts={context}")
+    lm.config.check_context(context, f"--contexts={context}")
   presets = decoding.resolve_points(settings, name, points, lm.config)
   if request.filler == "sentences" and eval_data:
     logging.warning("passkey: --eval_data is unused with --filler=sentences.")

@@ -91,6 +91,22 @@ class ModelConfig:
         raise ValueError(
             f"ModelConfig.{field}={value!r}: must be None or a number > 0.")
 
+  def check_context(self, num_tokens: int, what: str) -> None:
+    """Raises ValueError when `num_tokens` positions exceed the model's
+    trained ones (`max_position_embeddings`).
+
+    The one check of a length against the model's limit: every script calls
+    it as soon as the config is known, before anything is compiled. `what`
+    names the setting in the message (e.g. '--contexts=16384').
+    """
+    limit = self.max_position_embeddings
+    if num_tokens > limit:
+      raise ValueError(
+          f"{what}: {num_tokens} tokens exceed the model's "
+          f"max_position_embeddings={limit}; allowed: at most {limit} tokens "
+          "(positions past the trained range measure the model's RoPE "
+          "extrapolation, not the cache).")
+
   @property
   def rotary_dim(self) -> int:
     return self.head_dim if self.rope_dim is None else self.rope_dim

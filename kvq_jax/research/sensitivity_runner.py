@@ -104,6 +104,8 @@ def run_layer_sensitivity(config: ml_collections.ConfigDict, workdir: str,
   if lm.tokenizer is None:
     raise ValueError(f"model {model_name!r} has no tokenizer; the sweep "
                      "needs one to tokenize the evaluation text.")
+  lm.config.check_context(settings.eval.window_len,
+                          f"eval.window_len={settings.eval.window_len}")
   specs = layer_specs(lm.config, spec,
                       [parse_short_spec(f) for f in extras_k],
                       [parse_short_spec(f) for f in extras_v],

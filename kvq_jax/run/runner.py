@@ -90,6 +90,8 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   if lm.tokenizer is None:
     raise ValueError(f"model {model_name!r} has no tokenizer; the runner "
                      "needs one to tokenize the evaluation text.")
+  lm.config.check_context(settings.eval.window_len,  # Before compiling.
+                          f"eval.window_len={settings.eval.window_len}")
   # Byte accounting first: a budget below the weights fails before the
   # (long) evaluation, not after it.
   baseline_dtype = jnp.dtype(settings.dtype)

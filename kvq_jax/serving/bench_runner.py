@@ -70,10 +70,8 @@ def main(*, model: str, kinds: Sequence[str], kv_budget_mib, device_memory_gib,
     raise ValueError(f"--max_slots={max_slots}: allowed: >= 1.")
   loaded = load_model(model)
   config = loaded.decoder.config
-  if workload.max_tokens > config.max_position_embeddings:
-    raise ValueError(
-        f"prompt + output up to {workload.max_tokens} tokens > the model's "
-        f"context {config.max_position_embeddings}.")
+  config.check_context(workload.max_tokens,
+                       "the longest request (--prompt_len + --output_len)")
   check_kinds(config, kinds, page_size)
   runtime = Runtime(loaded.decoder)
   text, source = load_eval_text(eval_data)

@@ -188,10 +188,8 @@ class Engine:
     self.config = config
     self.tokenizer = tokenizer
     mc = self.runtime.config
-    if config.max_context > mc.max_position_embeddings:
-      raise ValueError(
-          f"EngineConfig.max_context={config.max_context} exceeds the "
-          f"model's context {mc.max_position_embeddings}.")
+    mc.check_context(config.max_context,
+                     f"EngineConfig.max_context={config.max_context}")
     dtype = (self.runtime.model.dtype if config.cache_dtype is None
              else config.cache_dtype)
     self.cache = init_paged_cache(mc, config.max_slots, config.num_pages,

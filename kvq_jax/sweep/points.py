@@ -106,17 +106,25 @@ def parse_point(item: str, base: CacheSpec | None) -> SweepPoint:
 
 
 def parse_points(text: str | list[str] | None, base: CacheSpec | None, *,
-                 head_dim: int, num_layers: int) -> list[SweepPoint]:
-  """Every item of `--points` (a comma-separated string or a list)."""
+                 head_dim: int | None, num_layers: int | None
+                 ) -> list[SweepPoint]:
+  """Every item of `--points` (a comma-separated string or a list).
+
+  `head_dim` and `num_layers` None: the model is not known yet (checking
+  `--points` before it loads); every item is parsed, and the check of its
+  spec against the model's shape (`check_head_dim`) is left to a later call
+  that knows them.
+  """
   if not text:
     return []
   items = text.split(",") if isinstance(text, str) else list(text)
   points = []
   for item in items:
     point = parse_point(item, base)
-    try:
-      check_head_dim(point.spec, head_dim, num_layers)
-    except ValueError as e:
-      raise ValueError(f"--points item {item!r}: {e}") from e
+    if head_dim is not None:
+      try:
+        check_head_dim(point.spec, head_dim, num_layers)
+      except ValueError as e:
+        raise ValueError(f"--points item {item!r}: {e}") from e
     points.append(point)
   return points

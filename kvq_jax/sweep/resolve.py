@@ -1,6 +1,7 @@
 """The presets an experiment compares with its baseline: `--points` on top
 of the base preset, or the base preset itself (passkey, agreement,
-HumanEval)."""
+HumanEval). `check_points` parses `--points` before the model loads;
+`resolve_points` resolves them against the loaded model."""
 
 from __future__ import annotations
 
@@ -11,6 +12,18 @@ from kvq_jax.settings.experiment_settings import ExperimentSettings
 from kvq_jax.sweep.grid import SweepPoint
 from kvq_jax.sweep.points import parse_points
 from kvq_jax.sweep.runner import unique_points
+
+
+def check_points(settings: ExperimentSettings,
+                 points: str | Sequence[str] | None) -> None:
+  """Raises ValueError for a bad `points` without the model: every item
+  parsed on top of the base preset and names checked for clashes, as
+  `resolve_points` does; only the check against the model's head_dim and
+  layers waits for it. Call before loading the model, so a typo fails at
+  once."""
+  if points:
+    unique_points(parse_points(points, settings.cache_spec, head_dim=None,
+                               num_layers=None))
 
 
 def resolve_points(settings: ExperimentSettings, config_name: str,

@@ -83,6 +83,8 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
   settings = settings_from_config(config)
   lm = load_model(model or settings.model, settings.dtype)
   cfg = lm.config
+  cfg.check_context(settings.eval.window_len,
+                    f"eval.window_len={settings.eval.window_len}")
   base = settings.cache_spec
   grid, skipped = expand_grid(base, request.formats, request.group_sizes,
                               request.schemes, request.residuals,

@@ -150,3 +150,19 @@ def test_run_baseline_is_the_models_greedy_decode(tmp_path, monkeypatch,
   assert base.cache_bytes == m.L * (2 * 256 * m.K * m.H * 4 + 4)
   assert 0 < quant.cache_bytes < base.cache_bytes / 8
   assert base.bits_per_element == 32.0 and quant.bits_per_element == 3.0
+
+
+def test_prompt_longer_than_the_model_fails_before_compiling(tmp_path,
+                                                            monkeypatch):
+  def never(*args, **kwargs):
+    raise AssertionError("decoded a prompt the model cannot position")
+  monkeypatch.setattr(runner, "continue_prompt", never)
+  monkeypatch.setenv("KVQ_JAX_CACHE", str(tmp_path / "cache"))
+  config = _PresetParser(name="config").parse("int2_g32_asym")
+  config.model = str(tiny_hf_model.write_tiny_model(tmp_path / "model"))
+  long_prompt = "the cat sat on the mat " * 200  # > 512 tokens.
+  with pytest.raises(ValueError, match=r"prompt 2 \(\d+ tokens\) with "
+                     r"--max_new_tokens=8: \d+ tokens exceed the model's "
+                     r"max_position_embeddings=512"):
+    runner.run(config, ["a short one", long_prompt],
+               config_name="int2_g32_asym", max_new_tokens=8)

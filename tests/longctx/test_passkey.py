@@ -10,6 +10,7 @@ import pytest
 
 from kvq_jax.cli import config_flag
 from kvq_jax.loaders.tokenizer import TextTokenizer, load_hf_tokenizer
+from kvq_jax.longctx import decoding
 from kvq_jax.longctx import passkey
 from tests.longctx import tiny_model
 
@@ -186,6 +187,17 @@ def test_contexts_beyond_the_model_are_refused(model_dir, tmp_path,
     passkey.run_passkey(_config(), tmp_path / "out", request,
                         model=str(model_dir))
   assert not (tmp_path / "out").exists()
+
+
+def test_bad_points_fail_before_the_model_loads(tmp_path, monkeypatch):
+  def never(*args, **kwargs):
+    raise AssertionError("loaded the model before checking --points")
+  monkeypatch.setattr(decoding, "load_model", never)
+  request = passkey.PasskeyRequest(contexts=(256,), depths=(50,),
+                                   keys_per_cell=1)
+  with pytest.raises(ValueError, match=r"--points item 'int9'"):
+    passkey.run_passkey(_config(), tmp_path / "out", request,
+                        points="int8,int9", model="unused")
 
 
 @pytest.mark.parametrize("spec_name", [None, "kivi2"])

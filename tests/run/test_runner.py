@@ -169,6 +169,18 @@ def test_budget_below_weights_fails_before_evaluating(env, monkeypatch):
     run(env, config, "tiny_budget")
 
 
+def test_window_longer_than_the_model_fails_before_compiling(env,
+                                                            monkeypatch):
+  def never(*args, **kwargs):
+    raise AssertionError("compiled a window the model cannot position")
+  monkeypatch.setattr(runner, "window_forward", never)
+  config = small("int4_g32")
+  config.eval.window_len = 600  # The tiny model has 512 positions.
+  with pytest.raises(ValueError, match=r"eval\.window_len=600: 600 tokens "
+                     r"exceed the model's max_position_embeddings=512"):
+    run(env, config, "too_long")
+
+
 def test_model_without_tokenizer_rejected(env, tmp_path):
   bare = tiny_hf_model.write_tiny_model(tmp_path / "bare")
   (bare / "tokenizer.json").unlink()

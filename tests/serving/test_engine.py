@@ -161,7 +161,8 @@ def test_bad_input_fails_before_compiling():
     engine.check([Request(0, (1,), 1, stop=("x",))])
   with pytest.raises(ValueError, match="max_new_tokens=0"):
     Request(0, (1,), 0)
-  with pytest.raises(ValueError, match="model's context"):
+  with pytest.raises(ValueError, match="max_context=1000000: 1000000 tokens "
+                     "exceed the model's max_position_embeddings"):
     Engine(ts.runtime("tiny1"), EngineConfig(
         max_slots=1, num_pages=4, max_context=10 ** 6))
   with pytest.raises(ValueError, match="power of two"):

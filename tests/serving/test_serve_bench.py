@@ -56,7 +56,7 @@ def test_serve_bench_writes_every_figure(files, capsys):
     (dict(kinds=["bf16", "nope"]), "cache kind 'nope'"),
     (dict(budget_requests=None, kv_budget_mib=0.001),
      "at least one request's pages"),
-    (dict(prompt_len=600), "the model's context 512"),
+    (dict(prompt_len=600), "exceed the model's max_position_embeddings=512"),
     (dict(page_size=24, kinds=["int8"]), "must divide one another"),
     (dict(arrival="poisson:-1"), "RATE > 0"),
     (dict(budget_requests=None), "exactly one of"),

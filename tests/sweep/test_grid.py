@@ -8,10 +8,13 @@ import pytest
 from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.quant import QuantSpec
+from kvq_jax.settings.experiment_settings import settings_from_config
+from kvq_jax.settings.presets import load_preset
 from kvq_jax.settings.short_specs import parse_short_spec
 from kvq_jax.sweep import runner
 from kvq_jax.sweep.grid import expand_grid, point_name
 from kvq_jax.sweep.points import parse_points
+from kvq_jax.sweep.resolve import check_points
 
 
 def test_grid_expands_every_valid_combination_in_order():
@@ -90,6 +93,17 @@ def test_named_points_presets_and_compact_syntax():
 def test_bad_points_raise_naming_the_item(text, match):
   with pytest.raises(ValueError, match=match):
     parse_points(text, None, head_dim=64, num_layers=1)
+
+
+def test_check_points_needs_no_model():
+  """What HumanEval, passkey and agreement call before the model loads."""
+  settings = settings_from_config(load_preset("int4_g32"))
+  check_points(settings, None)
+  check_points(settings, "int8,kivi2,int4_g32_asym:r64")
+  with pytest.raises(ValueError, match=r"--points item 'int9': .*not "
+                     "understood"):
+    check_points(settings, ["int8", "int9"])
+  check_points(settings, "int4_g48")  # Only the model's head_dim waits.
 
 
 def test_same_spec_is_evaluated_once_and_a_name_clash_raises(tmp_path):
