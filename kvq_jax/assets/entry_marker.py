@@ -1,8 +1,9 @@
 """Complete-or-absent cache entries: a checksum marker written last, entries
 built aside and renamed into place, damaged ones discarded.
 
-Shared by the converted-parameter cache (`param_cache`) and the calibrated
-statistics built on first use (`kvq_jax.calibration.auto_key_stats`).
+Shared by the converted-parameter cache (`param_cache`), the calibrated
+statistics built on first use (`kvq_jax.calibration.auto_key_stats`) and
+every key-statistics directory (`kvq_jax.persist.key_stats_store`).
 
 * `write_marker(entry)`: `complete.json` = {relative path: [size, crc32,
   mtime_ns]} of every other file, written atomically, last.
@@ -12,6 +13,8 @@ statistics built on first use (`kvq_jax.calibration.auto_key_stats`).
   entry; on normal exit the marker is written and the folder renamed to the
   entry (the caller holds `entry_lock.hold(entry, ...)`), on error it is
   deleted. A half-written entry is never under the entry's name.
+  `written_aside(entry, replace=...)` is the same outside the cache root
+  (no cache advice in its errors), optionally replacing an older entry.
 * `discard(entry)`, `sweep_leftovers(entry)`: remove a damaged entry, and
   what killed writers left.
 """
@@ -130,26 +133,51 @@ def sweep_leftovers(entry: pathlib.Path) -> None:
 
 
 @contextlib.contextmanager
-def build_aside(entry: pathlib.Path, what: str) -> Iterator[pathlib.Path]:
-  """A temporary folder to write the entry into; renamed to `entry` with its
-  marker on normal exit, deleted on error (module docstring). `what` names
-  the contents in a `cache_errors.CacheWriteError`."""
-  with cache_errors.explained(entry.parent, what):
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=entry.parent,
-                                        prefix=f".{entry.name}.tmp-"))
+def written_aside(entry: pathlib.Path, *, replace: bool = False
+                  ) -> Iterator[pathlib.Path]:
+  """A temporary folder beside `entry` to write it into: on normal exit its
+  marker is written and it is renamed to `entry`, on error it is deleted.
+
+  An entry already there is kept (`replace` False: only a writer that took
+  no lock, with no flock on the file system, gets there, and the entry it
+  finished first is as good as this one) or replaced (`replace` True: the
+  old one is renamed aside, then deleted). Either way `entry` is never half
+  written: whole, or absent for the moment between two renames.
+  """
+  entry.parent.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(dir=entry.parent,
+                                      prefix=f".{entry.name}.tmp-"))
+  try:
+    yield tmp
+    write_marker(tmp)
+    os.chmod(tmp, 0o755)  # mkdtemp makes it 0o700.
     try:
-      yield tmp
-      write_marker(tmp)
-      os.chmod(tmp, 0o755)  # mkdtemp makes it 0o700.
+      os.rename(tmp, entry)
+    except OSError as e:
+      if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+        raise
+      if not replace:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+      trash = entry.with_name(f".{entry.name}.trash-"
+                              + tmp.name.rsplit("-", 1)[-1])
+      os.rename(entry, trash)
       try:
         os.rename(tmp, entry)
-      except OSError as e:
-        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-          raise
-        # Only a writer that took no lock (no flock on this file system)
-        # gets here: the entry it finished first is as good as this one.
-        shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-      shutil.rmtree(tmp, ignore_errors=True)
-      raise
+      except BaseException:
+        os.rename(trash, entry)  # The old entry back, whole.
+        raise
+      shutil.rmtree(trash, ignore_errors=True)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+
+
+@contextlib.contextmanager
+def build_aside(entry: pathlib.Path, what: str) -> Iterator[pathlib.Path]:
+  """`written_aside(entry)` under the cache root: space and permission
+  errors explained (module docstring). `what` names the contents in a
+  `cache_errors.CacheWriteError`."""
+  with cache_errors.explained(entry.parent, what):
+    with written_aside(entry) as tmp:
+      yield tmp

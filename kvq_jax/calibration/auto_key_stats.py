@@ -46,6 +46,7 @@ from typing import Callable, Iterator
 from absl import logging
 
 from kvq_jax.assets import cache_dir
+from kvq_jax.assets import cache_errors
 from kvq_jax.assets import entry_lock
 from kvq_jax.assets import entry_marker
 from kvq_jax.assets import param_cache
@@ -204,8 +205,8 @@ def _build(entry: pathlib.Path, value: str, options: KeyStatsOptions,
   if lm.tokenizer is None:
     raise ValueError(f"cache.key_stats={value!r}: model {model!r} has no "
                      "tokenizer to read the calibration text with.")
-  ids, bos_id = text_ids(lm.tokenizer, text)
   lm.config.check_context(window_len, f"eval.window_len={window_len}")
+  ids, bos_id = text_ids(lm.tokenizer, text)
   split = split_windows(ids, window_len, num_eval_windows, NUM_CALIB_WINDOWS,
                         bos_id)
   print(f"kvq_jax: key stats {value!r} for {model}: none cached; "
@@ -221,5 +222,7 @@ def _build(entry: pathlib.Path, value: str, options: KeyStatsOptions,
       "bos_id": bos_id, **dataclasses.asdict(options),
       "seconds": round(time.perf_counter() - started, 2)}
   metadata["codebook_bits"] = list(options.codebook_bits)
-  with entry_marker.build_aside(entry, f"key stats for {model}") as tmp:
-    key_stats_store.save_key_stats(tmp, affines, metadata)
+  # Written aside, checksummed and renamed into place by the store itself
+  # (the caller holds the entry's lock).
+  with cache_errors.explained(entry.parent, f"key stats for {model}"):
+    key_stats_store.save_key_stats(entry, affines, metadata)

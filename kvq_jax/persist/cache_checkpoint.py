@@ -50,6 +50,7 @@ from kvq_jax.quant import QuantSpec
 FORMAT_VERSION = 1
 SIDECAR = "cache.json"
 LEAVES = "leaves"
+LEAF_KEYS = ("name", "shape", "dtype", "sha256")  # Each leaf's sidecar entry.
 
 
 def _spec_to_json(spec: LayerSpec) -> dict:
@@ -107,6 +108,20 @@ def _leaf_info(layer) -> list[dict]:
   return out
 
 
+def _check_leaf_entry(desc, where: str) -> None:
+  """Raises ValueError unless a sidecar leaf entry is what `_leaf_info`
+  writes: an object with every key of LEAF_KEYS."""
+  if not isinstance(desc, dict):
+    raise ValueError(f"{where}: the sidecar's leaf entry is a "
+                     f"{type(desc).__name__}; allowed: an object with "
+                     f"{', '.join(LEAF_KEYS)}.")
+  missing = [k for k in LEAF_KEYS if k not in desc]
+  if missing:
+    raise ValueError(f"{where}: the sidecar's leaf entry has no "
+                     f"{', '.join(missing)}; allowed: an object with "
+                     f"{', '.join(LEAF_KEYS)}.")
+
+
 def _abstract_layer(entry: dict, where: str):
   """The layer's structure (ShapeDtypeStruct leaves) from its sidecar entry."""
   try:
@@ -127,7 +142,7 @@ def _abstract_layer(entry: dict, where: str):
           lambda: QuantizedLayerCache.create(spec, *args, dtype))
     raise ValueError(f"kind={entry['kind']!r}; allowed: dense, dense_ring, "
                      "quantized, quantized_ring")
-  except (KeyError, TypeError, ValueError) as e:
+  except (KeyError, TypeError, ValueError, AttributeError) as e:
     raise ValueError(f"{where}: the layer description is invalid: {e}") from e
 
 
@@ -235,6 +250,7 @@ def restore_cache(path: str | os.PathLike, like: Sequence | None = None
           f"{where}: lists {len(info) if isinstance(info, list) else 0} "
           f"leaves; its spec/capacity imply {len(leaves)}.")
     for (key, leaf), desc in zip(leaves, info):
+      _check_leaf_entry(desc, f"{where} leaf {jax.tree_util.keystr(key)}")
       if (list(leaf.shape) != desc.get("shape")
           or jnp.dtype(leaf.dtype).name != desc.get("dtype")):
         raise ValueError(

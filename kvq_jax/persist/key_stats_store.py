@@ -9,8 +9,16 @@ Layout of a key-stats directory:
   key_stats.json   shapes, the affines' mode ("std", "range" or "transform"), the
                    options and where the calibration data came from (model,
                    text, token range).
+  complete.json    size and crc32 of every other file, written last
+                   (`kvq_jax.assets.entry_marker`, the asset cache's marker).
 A preset loads it with `config.cache.key_stats = 'DIR'`
 (`kvq_jax.settings.experiment_settings`).
+
+A save is atomic: the directory is written beside DIR, its marker last,
+then renamed to DIR (an earlier key-stats DIR is replaced whole), so DIR is
+never half written. A load verifies the files against the marker and refuses
+a damaged directory with one ValueError; a directory written before the
+marker existed loads unverified, with a warning.
 """
 
 from __future__ import annotations
@@ -21,20 +29,41 @@ import os
 import pathlib
 from typing import Any, Sequence
 
+from absl import logging
 import numpy as np
 import orbax.checkpoint as ocp
 
+from kvq_jax.assets import entry_marker
 from kvq_jax.cache.key_affine import KeyAffine
 
 SIDECAR = "key_stats.json"
 TREE = "affine"
 
 
+def _check_replaceable(root: pathlib.Path) -> None:
+  """ValueError unless `root` is absent, empty or a key-stats directory
+  (what a save replaces whole)."""
+  if not root.exists():
+    return
+  if not root.is_dir():
+    raise ValueError(f"save_key_stats: {str(root)!r} is a file; allowed: a "
+                     "new directory or an earlier key-stats directory.")
+  others = sorted(p.name for p in root.iterdir()
+                  if p.name not in (TREE, SIDECAR, entry_marker.MARKER))
+  if others:
+    raise ValueError(
+        f"save_key_stats: {str(root)!r} holds {', '.join(others[:5])}"
+        f"{' ...' if len(others) > 5 else ''} besides key statistics, and a "
+        "save replaces the directory whole; allowed: a new or empty "
+        "directory, or an earlier key-stats directory.")
+
+
 def save_key_stats(path: str | os.PathLike, affines: Sequence[KeyAffine],
                    metadata: dict[str, Any]) -> pathlib.Path:
-  """Writes `path`/affine (orbax) and `path`/key_stats.json (overwrites)."""
+  """Writes `path`/affine (orbax), `path`/key_stats.json and the checksum
+  marker, atomically (module docstring): an earlier key-stats directory at
+  `path` is replaced whole; one holding other files is refused."""
   root = pathlib.Path(path).absolute()
-  root.mkdir(parents=True, exist_ok=True)
   shift = np.stack([a.arrays()[0] for a in affines])
   scale = np.stack([a.arrays()[1] for a in affines])
   bits = sorted({b for a in affines for b, _ in a.codebooks})
@@ -60,17 +89,20 @@ def save_key_stats(path: str | os.PathLike, affines: Sequence[KeyAffine],
   if tables:
     tree["distortion"] = np.stack(
         [np.asarray(a.distortion, np.float64) for a in affines])
-  checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(root / TREE, tree, force=True)
-  checkpointer.wait_until_finished()
   modes = {a.mode for a in affines}
   if len(modes) != 1:
     raise ValueError(f"save_key_stats: affines of modes {sorted(modes)}; "
                      "allowed: one mode for all layers.")
-  (root / SIDECAR).write_text(json.dumps(
+  sidecar = json.dumps(
       {"shape": list(shift.shape), "mode": modes.pop(),
        "codebook_bits": bits, "rotation": rotated,
-       "distortion": tables, "metadata": metadata}, indent=1))
+       "distortion": tables, "metadata": metadata}, indent=1)
+  _check_replaceable(root)
+  with entry_marker.written_aside(root, replace=True) as tmp:
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp / TREE, tree)
+    checkpointer.wait_until_finished()
+    (tmp / SIDECAR).write_text(sidecar)
   return root
 
 
@@ -138,4 +170,23 @@ def load_key_stats(path: str | os.PathLike) -> tuple[KeyAffine, ...]:
         f"key stats: {str(root)!r} has no {SIDECAR} and {TREE}/; allowed: a "
         "directory written by `python -m experiments.calibrate_keys` (its "
         "preset's docstring gives the command).")
+  _verify(root)
   return _load(str(root), (root / SIDECAR).stat().st_mtime_ns)
+
+
+def _verify(root: pathlib.Path) -> None:
+  """ValueError if `root`'s files differ from its checksum marker; a warning
+  if it has none (written before the marker existed)."""
+  if not (root / entry_marker.MARKER).is_file():
+    logging.warning(
+        "key stats %s have no %s (written before key-stats checksums): "
+        "loaded unverified; `python -m experiments.calibrate_keys` rewrites "
+        "them with one.", root, entry_marker.MARKER)
+    return
+  try:
+    entry_marker.check_marker(root)
+  except entry_marker.Unusable as e:
+    raise ValueError(
+        f"key stats {str(root)!r} are damaged ({e}); allowed: an intact "
+        "directory: write it again (`python -m experiments.calibrate_keys`)."
+    ) from e

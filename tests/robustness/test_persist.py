@@ -17,6 +17,7 @@ from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.models.runtime import Runtime
 from kvq_jax.persist import cache_checkpoint, restore_cache, save_cache
+from kvq_jax.persist import key_stats_store
 from kvq_jax.quant import QuantSpec
 from tests.robustness import tiny
 
@@ -137,6 +138,11 @@ def test_truncated_sidecar(saved, tmp_path):
     (lambda d: d["layers"][1]["spec"].update(residual=0),
      r"layer 1: lists 9 leaves; its spec/capacity imply 9|layer 1 leaf"),
     (lambda d: d.update(format_version=0), r"format_version=0; allowed: 1"),
+    (lambda d: d["layers"][0]["leaves"].__setitem__(0, [2, 32, 2, 8]),
+     r"layer 0 leaf \.k_BxSxKxH: the sidecar's leaf entry is a list; "
+     r"allowed: an object with name, shape, dtype, sha256"),
+    (lambda d: d["layers"][1]["leaves"][2].pop("sha256"),
+     r"layer 1 leaf .*: the sidecar's leaf entry has no sha256"),
 ])
 def test_mismatched_sidecar(saved, tmp_path, edit, match):
   path = _copy(saved, tmp_path)
@@ -247,3 +253,64 @@ def test_layer_spec_json_round_trip_with_calibrated_keys():
   assert spec.k.levels == (-1.0, -0.25, 0.25, 1.0)
   text = json.dumps(cache_checkpoint._spec_to_json(spec))  # pylint: disable=protected-access
   assert cache_checkpoint._spec_from_json(json.loads(text)) == spec  # pylint: disable=protected-access
+
+
+def _save_stand_in(path: pathlib.Path, num_layers: int) -> pathlib.Path:
+  """Identity key stats of `num_layers` layers (2 KV heads of 8 dims)."""
+  return key_stats_store.save_identity_key_stats(path, num_layers, 2, 8,
+                                                 "std")
+
+
+def test_key_stats_are_written_aside_and_replaced_whole(tmp_path,
+                                                       monkeypatch):
+  path = _save_stand_in(tmp_path / "ks", 2)
+  assert sorted(p.name for p in path.iterdir()) == [
+      "affine", "complete.json", "key_stats.json"]
+  _save_stand_in(path, 3)  # An earlier key-stats directory: replaced.
+  assert len(key_stats_store.load_key_stats(path)) == 3
+  with monkeypatch.context() as m:  # A save that dies half way ...
+    def die(*args, **kwargs):
+      raise OSError("disk gone")
+    m.setattr(key_stats_store.ocp.StandardCheckpointer, "save", die)
+    with pytest.raises(OSError, match="disk gone"):
+      _save_stand_in(path, 4)
+  # ... leaves the last whole one, and nothing beside it.
+  assert len(key_stats_store.load_key_stats(path)) == 3
+  assert [p.name for p in tmp_path.iterdir()] == ["ks"]
+
+
+def test_key_stats_save_refuses_a_folder_holding_other_files(tmp_path):
+  (tmp_path / "notes.txt").write_text("mine")
+  with pytest.raises(ValueError, match=r"holds notes\.txt besides key "
+                     r"statistics.*allowed: a new or empty directory"):
+    _save_stand_in(tmp_path, 2)
+  assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("how, match", [
+    ("flip", r"checksum differs from complete\.json's"),
+    ("truncate", r"has \d+ bytes, complete\.json says \d+"),
+    ("delete", r"is missing"),
+])
+def test_damaged_key_stats_are_refused(tmp_path, how, match):
+  path = _save_stand_in(tmp_path / "ks", 2)
+  target = max((p for p in (path / "affine").rglob("*") if p.is_file()),
+               key=lambda p: p.stat().st_size)
+  data = bytearray(target.read_bytes())
+  if how == "flip":
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+  elif how == "truncate":
+    target.write_bytes(bytes(data[:len(data) // 2]))
+  else:
+    target.unlink()
+  with pytest.raises(ValueError, match=rf"key stats '{path}' are damaged "
+                     rf"\(.*{match}.*\); allowed: an intact directory"):
+    key_stats_store.load_key_stats(path)
+
+
+def test_key_stats_without_a_marker_load_unverified(tmp_path):
+  """Directories written before the marker existed still load."""
+  path = _save_stand_in(tmp_path / "ks", 2)
+  (path / "complete.json").unlink()
+  assert len(key_stats_store.load_key_stats(path)) == 2
