@@ -23,6 +23,7 @@ from absl import flags
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.config_flag import DEFINE_preset_config, preset_name
 from kvq_jax.cli.data_flags import DEFINE_model_flag
+from kvq_jax.cli.entry import run_main
 from kvq_jax.tasks import humaneval_rescore, sandbox
 from kvq_jax.tasks.humaneval import (PROMPT_FORMATS, HumanEvalRequest,
                                      run_humaneval)
@@ -68,4 +69,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_main(main)

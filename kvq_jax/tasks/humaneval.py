@@ -50,7 +50,7 @@ from kvq_jax.models.runtime import Runtime
 from kvq_jax.serving.engine import Engine, EngineConfig
 from kvq_jax.serving.request import Request
 from kvq_jax.settings.experiment_settings import settings_from_config
-from kvq_jax.sweep.resolve import resolve_points
+from kvq_jax.sweep.resolve import check_points, resolve_points
 from kvq_jax.tasks import (code_extract, humaneval_report, sandbox,
                            sandbox_isolation)
 
@@ -220,6 +220,7 @@ def run_humaneval(config: ml_collections.ConfigDict, workdir: str,
   earlier = (humaneval_report.read(results, "--resume")  # Before the model.
              if resume and results.exists() else None)
   settings = settings_from_config(config)
+  check_points(settings, points)  # A bad --points fails before the model.
   model_name = model or settings.model
   lm = load_model(model_name, settings.dtype)
   if lm.tokenizer is None:
