@@ -53,6 +53,9 @@ class SweepRequest:
   points: str | Sequence[str] | None = None
   # 'A:B' point-name pairs compared window by window (`sweep.pairs`).
   pairs: str | Sequence[str] | None = None
+  # A name for the base config's own cache (with its overrides) as a point
+  # of its own; None: the base config supplies settings only.
+  base_point: str | None = None
 
 
 def unique_points(points: list[SweepPoint]) -> list[SweepPoint]:
@@ -93,6 +96,12 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
     logging.warning("sweep: skipping %s: %s", s.name, s.reason)
   named = parse_points(request.points, base, head_dim=cfg.head_dim,
                        num_layers=cfg.num_layers)
+  if request.base_point is not None:
+    if base is None:
+      raise ValueError(f"sweep: the base config {request.base_point!r} has "
+                       "no quantized cache (the baseline is always "
+                       "evaluated).")
+    named = [SweepPoint(request.base_point, base, source="config")] + named
   points = unique_points(grid + named)
   pair_names = sweep_pairs.parse_pairs(request.pairs)
   unknown = {n for pair in pair_names for n in pair} - {p.name for p in points}
