@@ -2,6 +2,9 @@
 
 Fields (override any with --config.FIELD=VALUE):
   model            named model or path (the --model flag wins over it)
+  made_for         '' (any model), or the model an allocation preset was
+                   allocated for (its per-layer formats are that model's):
+                   a run of it with another model is refused
   dtype            compute and parameter dtype (float32 | bfloat16 | float16)
   quantize         False: evaluate the baseline only
   eval.*           num_windows (0 = all), window_len, scoring (all |
@@ -80,6 +83,7 @@ def ggml_kv(name: str) -> ml_collections.ConfigDict:
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.model = "smollm2-135m"
+  c.made_for = ""
   c.dtype = "float32"
   c.quantize = True
   c.eval = ml_collections.ConfigDict(dict(

@@ -28,7 +28,7 @@ from configs import base
 
 
 def get_config():
-  return base.channel_widths_mix(
+  c = base.channel_widths_mix(
       '0,5,10,12,13,14,16,17,23,27:int2_st/int2_vq_se5m2;'
       '1:int2_st/int3_lm;'
       '2:int3_st/int2_vq_se5m2;'
@@ -36,3 +36,5 @@ def get_config():
       '4,6,7,8,15,18,21,22,25,26,28,29:int2_st/int1_vq_se5m2;'
       '9:int2_st/int1_vq;'
       '11,19,20,24:int2_st/int2_vq', key_affine_dtype='float16')
+  c.made_for = "smollm2-135m"
+  return c

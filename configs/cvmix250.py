@@ -41,10 +41,12 @@ from configs import base
 
 
 def get_config():
-  return base.channel_widths_mix(
+  c = base.channel_widths_mix(
       '0,11:int2_st/int3_lm_se5m2;'
       '1:int3_st/int4_vq;'
       '2,18:int3_st/int3_lm_se5m2;'
       '3,4,5,6,7,8,9,10,13,20:int3_st/int2_vq_se5m2;'
       '12,14,15,16,17,19,21,22,23,25,26,27,28,29:int2_st/int2_vq_se5m2;'
       '24:int4_st/int2_vq_se5m2', key_affine_dtype='float16')
+  c.made_for = "smollm2-135m"
+  return c

@@ -27,7 +27,7 @@ from configs import base
 
 
 def get_config():
-  return base.channel_widths_mix(
+  c = base.channel_widths_mix(
       '0,13,16,19:int3_st/int3_lm;'
       '1:int4_st/int4_vq;'
       '2,3,10,20:int4_st/int3_lm;'
@@ -37,3 +37,5 @@ def get_config():
       '9,24,28:int4_st/int3_lm_se5m2;'
       '11,23:int3_st/int4_vq;'
       '29:int3_st/int2_vq', key_affine_dtype='float16')
+  c.made_for = "smollm2-135m"
+  return c

@@ -20,4 +20,5 @@ def get_config():
   c.cache.k = base.kv(type='int', bits=4, scheme='asymmetric', group_size=32)
   c.cache.v = base.kv(type='int', bits=4, scheme='asymmetric', group_size=32)
   c.cache.layer_overrides = '5,11,17:int8/int8'
+  c.made_for = "gemma3-270m"
   return c

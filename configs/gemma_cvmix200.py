@@ -42,4 +42,5 @@ def get_config():
       '6,14,17:int2_st/int1_vq_se5m2',
       key_affine_dtype="float16")
   c.model = "gemma3-270m"
+  c.made_for = "gemma3-270m"
   return c

@@ -50,4 +50,5 @@ def get_config():
       '7,14:int2_st/int2_vq_se5m2',
       key_affine_dtype="float16")
   c.model = "gemma3-270m"
+  c.made_for = "gemma3-270m"
   return c

@@ -44,4 +44,5 @@ def get_config():
       '17:int3_st/int2_vq_se5m2',
       key_affine_dtype="float16")
   c.model = "gemma3-270m"
+  c.made_for = "gemma3-270m"
   return c

@@ -16,7 +16,9 @@ from configs import base
 
 
 def get_config():
-  return base.static_keys_mix(2, (
+  c = base.static_keys_mix(2, (
       '1:int2_st_o1/int3_lm;'
       '3:int3_st_o1/int2_lm;'
       '8,17,18,20,23:int3_st/int2_lm'))
+  c.made_for = "smollm2-135m"
+  return c

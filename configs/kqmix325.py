@@ -26,7 +26,7 @@ from configs import base
 
 
 def get_config():
-  return base.static_keys_mix(3, (
+  c = base.static_keys_mix(3, (
       '0,27:int2_st_o1/int3_lm;'
       '1:int3_st_o1/int4_lm;'
       '3,17,20,23,24:int4_st_o1/int3_lm;'
@@ -36,3 +36,5 @@ def get_config():
       '13:int3_st_o1_clip0.85/int3_lm;'
       '15,21,25:int3_st/int2_lm;'
       '29:int2_st_o1/int2_lm'))
+  c.made_for = "smollm2-135m"
+  return c

@@ -42,4 +42,5 @@ def get_config():
       '3,4,5,6,9,11,13,15,18:int2_st/int1_vq_se5m2',
       key_affine_dtype="float16")
   c.model = "qwen2.5-coder-0.5b"
+  c.made_for = "qwen2.5-coder-0.5b"
   return c

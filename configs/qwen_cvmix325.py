@@ -45,4 +45,5 @@ def get_config():
       '22:int4_st/int3_lm',
       key_affine_dtype="float16")
   c.model = "qwen2.5-coder-0.5b"
+  c.made_for = "qwen2.5-coder-0.5b"
   return c

@@ -40,4 +40,5 @@ def get_config():
       '5,6,11:int4_st/int4_vq_se5m2',
       key_affine_dtype="float16")
   c.model = "qwen2.5-coder-0.5b"
+  c.made_for = "qwen2.5-coder-0.5b"
   return c

@@ -28,4 +28,5 @@ def get_config():
   c.cache.layer_overrides = (
       '1:int2_lm/int3_lm;'
       '3,9,13,17,18,19,21,23,24:int3_lm/int2_lm')
+  c.made_for = "smollm2-135m"
   return c

@@ -32,4 +32,5 @@ def get_config():
       '4,5,6,7,8,9,21,22,25,26,29:int3_lm/int2_lm;'
       '14,17:int4_lm/int2_lm;'
       '28:int2_lm/int2_lm')
+  c.made_for = "smollm2-135m"
   return c

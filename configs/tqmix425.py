@@ -31,4 +31,5 @@ def get_config():
       '2,3,10,11,17,18,27:int4_lm/int4_lm;'
       '12,13,16,19,20,23,24:int5_lm/int4_lm;'
       '14,15,21:int5_lm/int3_lm')
+  c.made_for = "smollm2-135m"
   return c

@@ -28,4 +28,5 @@ def get_config():
   c.cache.layer_overrides = (
       '0:int4_lm/int4_lm;'
       '1,2,3,11,12,13,16,18,19,23,24:int5_lm/int5_lm')
+  c.made_for = "smollm2-135m"
   return c

@@ -109,6 +109,7 @@ def preset_source(allocation: Allocation, meta: dict, baseline: dict,
   lines += [f"  c.cache.k = {kv_call(k_default)}",
             f"  c.cache.v = {kv_call(v_default)}",
             f"  c.cache.layer_overrides = {overrides!r}",
+            f"  c.made_for = {meta['model']!r}",  # Its layers are this model's.
             "  return c", ""]
   return "\n".join(lines)
 

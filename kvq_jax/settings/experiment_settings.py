@@ -56,6 +56,7 @@ class ExperimentSettings:
   # Where cache_spec's key affines came from (None: no key stats): the
   # directory, and for 'auto' recipes the calibration's metadata.
   key_stats_source: dict | None = None
+  made_for: str = ""  # The model an allocation preset was made for.
 
 
 def _positive(value, field: str, minimum: int = 1) -> int:
@@ -65,19 +66,26 @@ def _positive(value, field: str, minimum: int = 1) -> int:
   return value
 
 
-def quant_spec_from_config(kv: ml_collections.ConfigDict,
+def quant_spec_from_config(kv: ml_collections.ConfigDict | str,
                            field: str) -> QuantSpec | None:
-  """config.cache.k / .v -> QuantSpec (None for type='none')."""
+  """config.cache.k / .v -> QuantSpec (None for type='none' or 'fp'): a
+  `base.kv(...)` ConfigDict or a short spec string (`'int4_g32_asym'`:
+  `settings.short_specs`)."""
+  if isinstance(kv, str):
+    try:
+      return parse_short_spec(kv)
+    except ValueError as e:
+      raise ValueError(f"config.{field}: {e}") from e
   if kv.type not in KV_TYPES:
     raise ValueError(
         f"config.{field}.type={kv.type!r}: allowed: {', '.join(KV_TYPES)}.")
   if kv.type == "none":
     return None
   if kv.type == "int":
-    if kv.bits not in (8, 5, 4, 3, 2, 1):
+    if kv.bits not in INT_BITS:
       raise ValueError(
-          f"config.{field}.bits={kv.bits!r}: allowed for type='int': 8, 5, "
-          "4, 3, 2, 1 (1 with scheme='vector' only).")
+          f"config.{field}.bits={kv.bits!r}: allowed for type='int': "
+          f"{', '.join(map(str, INT_BITS))} (1 with scheme='vector' only).")
     fmt = f"int{kv.bits}"
   else:
     fmt = kv.type
@@ -138,10 +146,26 @@ def _rotation_seed(value: int) -> int | None:
   return None if value == -1 else value
 
 
+def check_made_for(made_for: str, model: str) -> None:
+  """ValueError when an allocation preset made for one model runs on
+  another: its per-layer formats are indexed by that model's layers."""
+  if made_for and model != made_for:
+    raise ValueError(
+        f"this preset was allocated for {made_for} (config.made_for: its "
+        f"per-layer formats are that model's), and the run's model is "
+        f"{model}; allowed: --model={made_for}, or a preset allocated for "
+        f"{model}.")
+
+
 def settings_from_config(config: ml_collections.ConfigDict
                          ) -> ExperimentSettings:
   """Validated settings of `config`; a key-stats recipe resolves for the
-  open run (`_key_affines`)."""
+  open run (`_key_affines`), and an allocation preset (`made_for`) is
+  refused in a run of another model (`check_made_for`)."""
+  made_for = config.get("made_for", "")
+  run = key_stats_context.current()
+  if run is not None:
+    check_made_for(made_for, run.model)
   ev = config.eval
   if ev.num_windows < 0:
     raise ValueError(
@@ -214,4 +238,4 @@ def settings_from_config(config: ml_collections.ConfigDict
           batch_size=_positive(db.batch_size, "decode_bench.batch_size"),
           context=_positive(db.context, "decode_bench.context"),
           steps=_positive(db.steps, "decode_bench.steps")),
-      key_stats_source=key_stats_source)
+      key_stats_source=key_stats_source, made_for=made_for)

@@ -170,6 +170,7 @@ def test_written_preset_loads_through_the_settings(tmp_path):
         assert got.group_size == expected.group_size
   assert loaded.eval.num_windows == config.eval.num_windows
   assert loaded.cache.key_affine_dtype == "float16"
+  assert loaded.made_for == "smollm2-135m"  # The probed model.
 
 
 def _table(preset: str, fmt: str, damage: float, **baseline) -> dict:

@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 
+from kvq_jax.settings import presets
 from kvq_jax.settings.presets import CONFIG_DIR, resolve_config_path
 
 
@@ -31,3 +32,26 @@ def test_unknown_preset_lists_presets():
 def test_missing_path_rejected(tmp_path):
   with pytest.raises(ValueError, match="no such config file"):
     resolve_config_path(str(tmp_path / "absent.py"))
+
+
+def test_an_allocation_preset_is_refused_on_another_model(tmp_path):
+  # Inside a run of another model (the run context every script opens),
+  # an allocation preset fails in one line naming the model it was made
+  # for; on its own model, and with no run open, it resolves.
+  from kvq_jax.calibration import auto_key_stats
+  from kvq_jax.settings.experiment_settings import settings_from_config
+  for name, made_for in (("cvmix250", "smollm2-135m"),
+                         ("qwen_cvmix250", "qwen2.5-coder-0.5b"),
+                         ("gemma_cvmix250", "gemma3-270m"),
+                         ("tqmix425", "smollm2-135m")):
+    config = presets.load_preset(name)
+    assert config.made_for == made_for
+    with auto_key_stats.run_context("llama-like-other", None):
+      with pytest.raises(ValueError) as e:
+        settings_from_config(config)
+    message = str(e.value)
+    assert f"allocated for {made_for}" in message and "\n" not in message
+    assert "llama-like-other" in message
+  assert presets.load_preset("int4_g32").made_for == ""
+  with auto_key_stats.run_context("llama-like-other", None):
+    settings_from_config(presets.load_preset("int4_g32"))
