@@ -24,7 +24,10 @@ Fields (override any with --config.FIELD=VALUE):
                    up, the project's rule | ggml: llama.cpp's arithmetic,
                    needs float16 scales and clip_ratio 1; see
                    configs/q4_0.py), outliers (values per head vector kept
-                   exactly with their index; 0 = none)
+                   exactly with their index; 0 = none); or, set in a
+                   preset, a short spec string (c.cache.k =
+                   'int4_g32_asym'; 'fp' = none: kvq_jax/settings/
+                   short_specs.py)
   cache.dtype      full-precision cache dtype ('' = dtype); bf16/fp16 presets
   cache.residual, cache.flush_block (0 = auto), cache.sink, cache.key_rope
                    (post | pre), cache.hadamard_k, cache.hadamard_v,
@@ -80,6 +83,12 @@ def ggml_kv(name: str) -> ml_collections.ConfigDict:
             rounding=spec.rounding)
 
 
+def _kv_or_short() -> ml_collections.FieldReference:
+  """cache.k / cache.v: `kv()`, and a preset may set a `kv(...)` or a short
+  spec string instead (`c.cache.k = 'int4_g32_asym'`)."""
+  return ml_collections.FieldReference(kv(), field_type=object)
+
+
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.model = "smollm2-135m"
@@ -90,9 +99,10 @@ def get_config() -> ml_collections.ConfigDict:
       num_windows=8, window_len=512, scoring="second_half", batch_size=2,
       prefill_chunk=512))
   c.cache = ml_collections.ConfigDict(dict(
-      k=kv(), v=kv(), dtype="", residual=0, flush_block=0, sink=0,
-      key_rope="post", hadamard_k=False, hadamard_v=False, rotation_seed=-1,
-      key_stats="", key_affine_dtype="float32", block_size=256,
+      k=_kv_or_short(), v=_kv_or_short(), dtype="", residual=0,
+      flush_block=0, sink=0, key_rope="post", hadamard_k=False,
+      hadamard_v=False, rotation_seed=-1, key_stats="",
+      key_affine_dtype="float32", block_size=256,
       layer_overrides="", window_dtype="bfloat16",
       component_allocation="greedy"))
   c.attention = ml_collections.ConfigDict(dict(impl="xla",

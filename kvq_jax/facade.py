@@ -18,17 +18,8 @@ from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.loaders.tokenizer import TextTokenizer
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.decoder import Decoder
+from kvq_jax.models.dtypes import parse_dtype
 from kvq_jax.models.params import decoder_from_params
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
-           "float16": jnp.float16}
-
-
-def parse_dtype(name: str, field: str = "dtype"):
-  if name not in _DTYPES:
-    raise ValueError(
-        f"{field}={name!r}: allowed values are {', '.join(_DTYPES)}.")
-  return _DTYPES[name]
 
 
 @dataclasses.dataclass

@@ -9,13 +9,16 @@ import ml_collections
 from kvq_jax.cache.key_affine import STORAGES
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.eval.windows import SCORINGS, check_scoring
-from kvq_jax.facade import parse_dtype
+from kvq_jax.models.dtypes import parse_dtype
 from kvq_jax.persist.key_stats_store import check_model, load_key_stats
-from kvq_jax.quant import QuantSpec
+from kvq_jax.quant import FORMATS, QuantSpec
 from kvq_jax.settings import key_stats_context
-from kvq_jax.settings.short_specs import parse_layer_overrides
+from kvq_jax.settings.short_specs import (parse_layer_overrides,
+                                          parse_short_spec)
 
 KV_TYPES = ("none", "int", "fp8_e4m3", "fp8_e5m2")
+INT_BITS = tuple(int(f.removeprefix("int")) for f in FORMATS
+                 if f.startswith("int"))  # 8, 5, 4, 3, 2, 1.
 IMPLEMENTATIONS = ("xla", "pallas")
 
 
