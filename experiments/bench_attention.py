@@ -8,12 +8,12 @@
 
 --mode=cache (default): `cache.attend` of one token for layer 0 of
 `--model`'s shapes (`kvq_jax/bench/attention_bench.py`): kinds bf16 /
-float32 (dense) or preset names, all in caches of the same slots; ratios are
-to the fastest full-precision cache. --mode=kernel: the Pallas kernel and
-the jnp reference on synthetic packed caches, with effective bandwidth
-(`kvq_jax/bench/kernel_bench.py`). Pallas runs compiled on GPU/TPU; on CPU
-only interpreted (--pallas_interpret), which checks it runs and is not a
-timing.
+float32 (dense), preset names or short specs (`kvq_jax/settings/kinds.py`),
+all in caches of the same slots; ratios are to the fastest full-precision
+cache. --mode=kernel: the Pallas kernel and the jnp reference on synthetic
+packed caches, with effective bandwidth (`kvq_jax/bench/kernel_bench.py`).
+Pallas runs compiled on GPU/TPU; on CPU only interpreted
+(--pallas_interpret), which checks it runs and is not a timing.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ _SHAPE = flags.DEFINE_enum("shape", None, list(SHAPES),
                            "H=128.")
 _BATCH = flags.DEFINE_list("batch", ["1"], "Sequences (a list).")
 _KINDS = flags.DEFINE_list("kinds", list(DEFAULT_KINDS),
-                           "--mode=cache: bf16, float32 or preset names.")
+                           "--mode=cache: bf16, float32, preset names or "
+                           "short specs.")
 _IMPLEMENTATIONS = flags.DEFINE_list(
     "implementations", ["xla"], "--mode=cache: decode attention of the "
     "quantized caches (xla, pallas).")

@@ -68,7 +68,8 @@ _MAX_CONTEXT = flags.DEFINE_integer(
 _CONTEXTS = flags.DEFINE_list("contexts", [],
                               "Explicit contexts (instead of --max_context).")
 _KINDS = flags.DEFINE_list("kinds", list(DEFAULT_KINDS),
-                           "Cache kinds: bf16, float32 or preset names.")
+                           "Cache kinds: bf16, float32, preset names or "
+                           "short specs.")
 _BATCH = flags.DEFINE_list("batch", ["1"], "Sequences per step (a list).")
 _JSON = flags.DEFINE_string("json", None, "Also write the rows to this file.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps (median).")

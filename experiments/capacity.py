@@ -10,24 +10,18 @@ llama-3.1-70b, qwen2.5-7b: kvq_jax/capacity/architectures.py), a
 registered model (its file's metadata) or a model path. KV budget = device
 memory - num_params * weight bytes - overhead; per kind: effective bits at
 --context, KV bytes per token, the most requests of --context tokens, the
-longest context for --concurrency requests (kvq_jax/capacity/planner.py).
-Kinds: bf16, float32 or any preset in configs/. The registry and the
-presets reach the planner as a `Catalog` (CATALOG below): they sit above
-kvq_jax.capacity in the package layout.
+longest context for --concurrency requests (kvq_jax/serving/capacity_plan.py).
+Kinds: bf16, float32, any preset in configs/ or a short spec
+(kvq_jax/settings/kinds.py).
 """
 
 from absl import app
 from absl import flags
 
-from kvq_jax import assets
-from kvq_jax import facade
-from kvq_jax.capacity.catalog import Catalog
-from kvq_jax.capacity.kinds import DEFAULT_KINDS
-from kvq_jax.capacity.planner import CapacityRequest, run_capacity
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.entry import run_main
-from kvq_jax.settings import presets
-from kvq_jax.settings.experiment_settings import settings_from_config
+from kvq_jax.serving.capacity_plan import (DEFAULT_KINDS, CapacityRequest,
+                                           run_capacity)
 
 _MODEL = flags.DEFINE_string(
     "model", None, "architecture (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b), "
@@ -41,17 +35,11 @@ _CONTEXT = flags.DEFINE_integer(
 _CONCURRENCY = flags.DEFINE_integer(
     "concurrency", 1, "requests, for the maximum context per request")
 _KINDS = flags.DEFINE_list("kinds", list(DEFAULT_KINDS),
-                           "cache kinds: bf16, float32 or preset names")
+                           "cache kinds: bf16, float32, preset names or "
+                           "short specs")
 _OVERHEAD = flags.DEFINE_float(
     "overhead_gib", 0.0, "activations / runtime reserve off the budget, GiB")
 _OUT = flags.DEFINE_string("out", None, "JSON output path (optional)")
-
-CATALOG = Catalog(models=tuple(sorted(assets.REGISTRY)),
-                  model_config=facade.model_config,
-                  presets=tuple(presets.available_presets()),
-                  load_preset=presets.load_preset,
-                  settings_from_config=settings_from_config)
-
 
 def main(argv):
   log_setup.configure_from_flags()
@@ -61,7 +49,7 @@ def main(argv):
       model=_MODEL.value, device_memory_gib=_DEVICE.value,
       weight_bytes_per_param=_WEIGHT_BYTES.value, context=_CONTEXT.value,
       concurrency=_CONCURRENCY.value, kinds=tuple(_KINDS.value),
-      overhead_gib=_OVERHEAD.value), CATALOG, out=_OUT.value)
+      overhead_gib=_OVERHEAD.value), out=_OUT.value)
 
 
 if __name__ == "__main__":

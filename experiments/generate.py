@@ -7,11 +7,12 @@ r"""See what a preset does to text: greedy continuations, baseline vs caches.
   python -m experiments.generate --config=kvq4 --prompts_file=prompts.txt
 
 Greedy-decodes each prompt with the full-precision cache (the baseline), the
---config preset's cache and every --compare kind (preset names, or bf16 /
-float32 dense caches) through the real jitted prefill + decode path, and
-prints the continuations one after another, each labelled, with the first
-token where it leaves the baseline's (index and both tokens, marked in the
-text), tokens/s and the bytes of the cache's leaves; then a table.
+--config preset's cache and every --compare kind (preset names, short specs,
+or bf16 / float32 dense caches: kvq_jax/settings/kinds.py) through the real
+jitted prefill + decode path, and prints the continuations one after
+another, each labelled, with the first token where it leaves the baseline's
+(index and both tokens, marked in the text), tokens/s and the bytes of the
+cache's leaves; then a table.
 --chat applies the model's chat template (ChatML or Gemma, read from the
 checkpoint's tokenizer.chat_template) to each prompt as one user message and
 stops at the end-of-turn token. --prompts_file: one prompt per line, blank
@@ -32,8 +33,8 @@ from kvq_jax.generation import runner
 _CONFIG = DEFINE_preset_config("config", default="int4_g32")
 _MODEL = DEFINE_model_flag()
 _COMPARE = flags.DEFINE_list(
-    "compare", [], "more cache kinds to show: preset names (or files), bf16, "
-    "float32")
+    "compare", [], "more cache kinds to show: preset names (or files), short "
+    "specs, bf16, float32")
 _PROMPT = flags.DEFINE_string("prompt", None, "the prompt text")
 _PROMPTS_FILE = flags.DEFINE_string(
     "prompts_file", None, "UTF-8 file, one prompt per line (instead of "

@@ -19,14 +19,15 @@ from absl import flags
 from kvq_jax import assets
 from kvq_jax.bench import op_profile
 from kvq_jax.bench.decode_speed import equal_slots
-from kvq_jax.bench.kinds import DEFAULT_KINDS, resolve_kind
+from kvq_jax.bench.kinds import DEFAULT_KINDS
 from kvq_jax.bench.timing import machine_description, write_measured
 from kvq_jax.cli import log_setup
 from kvq_jax.cli.entry import run_main
 from kvq_jax.facade import model_config
+from kvq_jax.settings.kinds import resolve_kind
 
 _KINDS = flags.DEFINE_list("kinds", list(DEFAULT_KINDS),
-                           "bf16, float32 or preset names.")
+                           "bf16, float32, preset names or short specs.")
 _CONTEXT = flags.DEFINE_integer("context", 1024, "Tokens held.")
 _BATCH = flags.DEFINE_integer("batch", 1, "Sequences.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Traced steps (after a warm-up).")
@@ -43,7 +44,7 @@ def main(argv):
   config = model_config(_MODEL.value)
   print(machine_description())
   slots = equal_slots(_CONTEXT.value,
-                      [resolve_kind(k)[0] for k in _KINDS.value])
+                      [resolve_kind(k).spec for k in _KINDS.value])
   out = []
   for kind in _KINDS.value:
     rows = op_profile.profile_layer(config, kind, _CONTEXT.value,

@@ -1,6 +1,7 @@
 """Everything that times or profiles, and what it prints.
 
-* `kinds`: bench kinds (bf16, float32 or a preset) -> cache spec and dtype.
+* `kinds`: the kinds a benchmark compares by default (names resolved by
+  `settings.kinds.resolve_kind`: bf16, float32, a preset or a short spec).
 * `decode_bench`, `attention_bench`, `generate_bench`: whole decode steps,
   one layer's attend, whole generate calls (`experiments.bench_decode`,
   `experiments.bench_attention`).

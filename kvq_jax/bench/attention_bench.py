@@ -3,7 +3,7 @@
 What `experiments.bench_attention` times: `cache.attend` of one new token
 (T = 1: write it, then attend over everything held) for layer 0 of a
 model's shapes, exactly the call a decode step makes per layer, for every
-kind (`bench.kinds`: bf16 / float32 dense or a preset's cache) in caches of
+kind (`settings.kinds`: bf16 / float32 dense or a preset's cache) in caches of
 the same number of slots, with lengths starting at `context - repeats - 1`.
 `implementation` picks the quantized cache's decode attention ("xla", the
 blockwise path; "pallas", the kernel: compiled on GPU/TPU, interpreted on
@@ -22,12 +22,12 @@ import jax.numpy as jnp
 
 from kvq_jax.bench.decode_bench import Row, leaf_bytes, timed_steps
 from kvq_jax.bench.decode_speed import equal_slots
-from kvq_jax.bench.kinds import resolve_kind
 from kvq_jax.cache.factory import layer_cache
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.capacity.memory import effective_bits
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.decoder import layer_rope
+from kvq_jax.settings.kinds import resolve_kind
 
 IMPLEMENTATIONS = ("xla", "pallas")
 
@@ -91,11 +91,11 @@ def run(config: ModelConfig, kinds: Sequence[str], contexts: Sequence[int],
   resolved = {kind: resolve_kind(kind) for kind in kinds}
   rows = []
   for context in contexts:
-    slots = equal_slots(context, [spec for spec, _ in resolved.values()])
-    for kind, (spec, dtype) in resolved.items():
-      for impl in implementations if spec is not None else ("xla",):
-        row = bench_layer(config, kind, spec, dtype, batch_size, context,
-                          slots, repeats, impl)
+    slots = equal_slots(context, [k.spec for k in resolved.values()])
+    for kind, k in resolved.items():
+      for impl in implementations if k.spec is not None else ("xla",):
+        row = bench_layer(config, kind, k.spec, jnp.dtype(k.dtype),
+                          batch_size, context, slots, repeats, impl)
         log(f"  {row.kind} @ {context}: {row.seconds_median * 1e3:.3f} ms")
         rows.append(row)
   return rows

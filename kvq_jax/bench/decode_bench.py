@@ -1,7 +1,8 @@
 """One decode step vs context length: time, XLA temp memory, cache bytes.
 
-Kinds are named by `bench.kinds` (bf16, float32 or any preset); ratios in
-the table are to the fastest full-precision cache at the same context.
+Kinds are named as `settings.kinds.resolve_kind` takes them (bf16, float32,
+a preset or a short spec); ratios in the table are to the fastest dense
+(full-precision) cache at the same context.
 
 Every cache kind at one context gets the same number of slots: `context`
 rounded up to whole blocks of every quantized kind (`equal_slots`), and
@@ -36,13 +37,14 @@ import jax
 import jax.numpy as jnp
 
 from kvq_jax.bench.decode_speed import equal_slots
-from kvq_jax.bench.kinds import FULL_PRECISION, resolve_kind
 from kvq_jax.bench.timing import write_measured
 from kvq_jax.cache.factory import init_cache
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.capacity.memory import effective_bits
 from kvq_jax.models.config import ModelConfig
+from kvq_jax.models.dtypes import dense_dtype_name
 from kvq_jax.models.runtime import Runtime
+from kvq_jax.settings.kinds import resolve_kind
 
 @dataclasses.dataclass(frozen=True)
 class Row:
@@ -188,10 +190,11 @@ def _row(runtime: Runtime, prepared: _Prepared, batch_size: int,
 def _bench_together(runtime: Runtime, kinds, batch_size: int, context: int,
                    repeats: int, slots: int, rounds: int,
                    log: Callable[[str], None]) -> list[Row]:
-  """Rows of `kinds` ((kind, (spec, dtype)) pairs), all compiled and held
-  at once and timed in turn, `rounds` times."""
-  prepared = [_prepare(runtime, kind, spec, dtype, batch_size, context,
-                       repeats, slots) for kind, (spec, dtype) in kinds]
+  """Rows of `kinds` ((name, `settings.kinds.Kind`) pairs), all compiled
+  and held at once and timed in turn, `rounds` times."""
+  prepared = [_prepare(runtime, name, kind.spec, jnp.dtype(kind.dtype),
+                       batch_size, context, repeats, slots)
+              for name, kind in kinds]
   times = {p.kind: [] for p in prepared}
   for r in range(rounds):
     tag = f"round {r + 1}/{rounds}: " if rounds > 1 else ""
@@ -207,7 +210,7 @@ def _bench_together(runtime: Runtime, kinds, batch_size: int, context: int,
 def run(runtime: Runtime, kinds: Sequence[str], contexts: Sequence[int], *,
         batch_size: int, repeats: int, rounds: int = 1,
         log: Callable[[str], None] = print) -> list[Row]:
-  """Every kind (`kinds.resolve_kind`) at every context, all kinds
+  """Every kind (`settings.kinds.resolve_kind`) at every context, all kinds
   of one context in caches of the same number of slots; with `rounds` > 1
   the kinds of a context are timed in turn, `rounds` times (module
   docstring)."""
@@ -218,7 +221,7 @@ def run(runtime: Runtime, kinds: Sequence[str], contexts: Sequence[int], *,
   groups = [resolved] if rounds > 1 else [[item] for item in resolved]
   rows = []
   for context in contexts:
-    slots = equal_slots(context, [spec for _, (spec, _) in resolved])
+    slots = equal_slots(context, [kind.spec for _, kind in resolved])
     for group in groups:
       rows += _bench_together(runtime, group, batch_size, context, repeats,
                               slots, rounds, log)
@@ -227,12 +230,13 @@ def run(runtime: Runtime, kinds: Sequence[str], contexts: Sequence[int], *,
 
 def fastest_full_precision(rows: Sequence, cost: Callable = lambda r:
                            r.seconds_median) -> dict[tuple[int, int], Any]:
-  """(context, batch) -> the dense (bf16 / float32) row of least `cost`
-  there (default: median seconds per step)."""
+  """(context, batch) -> the dense row (kind bf16, float32, ...: a
+  `models.dtypes.DENSE_NAMES` name) of least `cost` there (default: median
+  seconds per step)."""
   best = {}
   for r in rows:
     key = (r.context, r.batch)
-    if r.kind in FULL_PRECISION and (key not in best
+    if dense_dtype_name(r.kind) and (key not in best
                                      or cost(r) < cost(best[key])):
       best[key] = r
   return best

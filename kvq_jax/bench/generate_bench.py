@@ -48,7 +48,6 @@ import numpy as np
 from kvq_jax.bench import decode_bench
 from kvq_jax.bench.decode_bench import leaf_bytes
 from kvq_jax.bench.decode_speed import equal_slots
-from kvq_jax.bench.kinds import resolve_kind
 from kvq_jax.bench.process_memory import (peak_rss_gib, release_freed_memory,
                                           reset_peak_rss)
 from kvq_jax.cache.base import check_capacity
@@ -56,6 +55,7 @@ from kvq_jax.cache.factory import init_cache
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.capacity.memory import effective_bits
 from kvq_jax.models.runtime import Runtime
+from kvq_jax.settings.kinds import resolve_kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +156,7 @@ def generate_one(runtime: Runtime, kind: str, spec: CacheSpec | None, dtype,
 def run(runtime: Runtime, kinds: Sequence[str], contexts: Sequence[int], *,
         batch_size: int, new_tokens: int, seed: int = 0,
         log: Callable[[str], None] = print) -> list[Row]:
-  """Every kind (`kinds.resolve_kind`) at every context; all kinds of
+  """Every kind (`settings.kinds.resolve_kind`) at every context; all kinds of
   one context share the prompts (`random_prompts(..., seed)`) and the
   number of slots."""
   for name, value, least in (("batch_size", batch_size, 1),
@@ -174,12 +174,12 @@ def run(runtime: Runtime, kinds: Sequence[str], contexts: Sequence[int], *,
   rows = []
   for context in contexts:
     slots = equal_slots(context + new_tokens,
-                        [spec for spec, _ in resolved.values()])
+                        [k.spec for k in resolved.values()])
     prompts_BxT = random_prompts(runtime.config.vocab_size, batch_size,
                                  context, seed)
-    for kind, (spec, dtype) in resolved.items():
-      row = generate_one(runtime, kind, spec, dtype, prompts_BxT, new_tokens,
-                         slots)
+    for kind, k in resolved.items():
+      row = generate_one(runtime, kind, k.spec, jnp.dtype(k.dtype),
+                         prompts_BxT, new_tokens, slots)
       log(f"  {kind} @ {context}: prefill {row.prefill_seconds:.2f} s, "
           f"{row.decode_tokens_per_s:.1f} tokens/s")
       rows.append(row)

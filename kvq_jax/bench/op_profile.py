@@ -27,11 +27,12 @@ import tempfile
 from typing import Iterable, Mapping
 
 import jax
+import jax.numpy as jnp
 
 from kvq_jax.bench.attention_bench import layer_step
 from kvq_jax.bench.decode_speed import equal_slots
-from kvq_jax.bench.kinds import resolve_kind
 from kvq_jax.models.config import ModelConfig
+from kvq_jax.settings.kinds import resolve_kind
 
 # "%name = shape opcode(": a shape is an array ("f32[3,64]{1,0}") or a
 # tuple of them ("(f32[2]{0}, /*index=1*/s32[])", multi-output fusions).
@@ -100,7 +101,8 @@ def profile_layer(config: ModelConfig, kind: str, context: int,
                   batch_size: int, steps: int, slots: int | None = None
                   ) -> list[OpRow]:
   """Rows of `kind`'s one-token attend at `context`, slowest first."""
-  spec, dtype = resolve_kind(kind)
+  resolved = resolve_kind(kind)
+  spec, dtype = resolved.spec, jnp.dtype(resolved.dtype)
   slots = equal_slots(context, [spec]) if slots is None else slots
   compiled, cache = layer_step(config, spec, dtype, batch_size, context,
                                slots, calls=steps + 1)

@@ -17,7 +17,8 @@ block by block as `QuantizedLayerCache` reads it (`slice_store`,
 Per kind the rows give both times, the bytes the step reads (codes +
 scales, or the full-precision buffer) and the bandwidth they imply, so a
 layout that reads fewer bytes but spends longer converting them shows as
-such. Kinds: 'bf16', 'float32' (dense buffers) or any short format name
+such. Kinds: 'bf16', 'float32' (dense buffers; any name of
+`models.dtypes.DENSE_NAMES`) or any short format name
 (`settings.short_specs`: int8, q4_0, int4_g32, int2_g32_asym, ...).
 """
 
@@ -34,22 +35,21 @@ from kvq_jax.cache.folded_attention import folded_block_attention, folds_scales
 from kvq_jax.cache.quantized import (read_planes, read_store, read_value_planes,
                                      slice_store)
 from kvq_jax.cache.spec import to_cache_layout
+from kvq_jax.models.dtypes import DENSE_NAMES, dense_dtype_name
 from kvq_jax.quant import quantize
 from kvq_jax.quant.accounting import nbytes
 from kvq_jax.settings.short_specs import parse_short_spec
 
-DENSE = ("bf16", "float32")
-
 
 def _storage(kind: str, x_BxKxCxH: jax.Array):
   """(store, spec or None) of `kind` holding x."""
-  if kind in DENSE:
-    return x_BxKxCxH.astype(jnp.bfloat16 if kind == "bf16" else
-                            jnp.float32), None
+  if (dtype := dense_dtype_name(kind)) is not None:
+    return x_BxKxCxH.astype(dtype), None
   spec = to_cache_layout(parse_short_spec(kind), kind)
   if spec is None:
     raise ValueError(f"read_profile: kind {kind!r} is full precision; "
-                     f"allowed: {', '.join(DENSE)} or a quantized format.")
+                     f"allowed: {', '.join(DENSE_NAMES)} or a quantized "
+                     "format.")
   return quantize(x_BxKxCxH, spec), spec
 
 

@@ -1,12 +1,9 @@
-"""Cache kinds by name, for a capacity plan: dense dtypes or presets.
+"""A quantized cache priced on a model: what a capacity plan charges.
 
-A kind is 'bf16' or 'float32' (a dense cache in that dtype) or a preset of
-the catalog (`capacity.catalog`; configs/NAME.py): the preset's cache spec,
-read through the catalog's `settings_from_config` as a run reads it, then
-checked against the target model (head_dim, layer indices) before any byte
-is counted.
-
-Two departures from a run, both stated in the kind's `note`:
+The cache kind comes by name from `settings.kinds.resolve_kind`; with a
+model, that resolver hands its spec here, which checks it against the
+target model (head_dim, layer indices) before any byte is counted and
+makes two departures from a run, both stated in the returned note:
 
 * Full-precision dtype: a research preset computes in float32 on CPU; a
   server keeps unquantized layers and tensors in bfloat16. A quantized
@@ -27,59 +24,24 @@ from __future__ import annotations
 
 import dataclasses
 
-
 from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.cache.key_stats_recipe import recipe_shape
 from kvq_jax.cache.spec import CacheSpec
-from kvq_jax.capacity.catalog import Catalog
 from kvq_jax.models.config import ModelConfig
 
-DENSE_KINDS = {"bf16": "bfloat16", "float32": "float32"}
 SERVING_DTYPE = "bfloat16"
-DEFAULT_KINDS = ("bf16", "fp8_e4m3", "int8", "q8_0", "q4_0", "kivi4",
-                 "kivi2", "int4_g32_asym", "tqmix425")
 
 
-@dataclasses.dataclass(frozen=True)
-class CacheKind:
-  """A named cache: its spec (None: dense), full-precision dtype, notes."""
+def for_model(spec: CacheSpec, config: ModelConfig, *, key_stats: str = "",
+              loaded: bool = True, dtype: str = "") -> tuple[CacheSpec, str]:
+  """(`spec` priced on `config`, a note of how; '' if as the preset).
 
-  name: str
-  spec: CacheSpec | None
-  dtype: str
-  note: str = ""
-
-
-def allowed_kinds(catalog: Catalog) -> list[str]:
-  return list(DENSE_KINDS) + [p for p in catalog.presets
-                              if p not in DENSE_KINDS]
-
-
-def resolve_kind(name: str, config: ModelConfig,
-                 catalog: Catalog) -> CacheKind:
-  """`name` -> CacheKind for `config`; ValueError naming what is allowed."""
-  if name in DENSE_KINDS:
-    return CacheKind(name, None, DENSE_KINDS[name])
-  if name not in catalog.presets:
-    raise ValueError(f"--kinds item {name!r} is unknown; allowed: "
-                     f"{', '.join(allowed_kinds(catalog))}.")
-  preset = catalog.load_preset(name)
-  key_stats = preset.cache.get("key_stats", "")
-  try:
-    try:
-      settings = catalog.settings_from_config(preset)
-      loaded = True
-    except ValueError:
-      if not key_stats:
-        raise
-      preset.cache.key_stats = ""  # Missing or unreadable: a stand-in.
-      settings = catalog.settings_from_config(preset)
-      loaded = False
-  except ValueError as e:
-    raise ValueError(f"--kinds item {name!r}: {e}") from e
-  spec = settings.cache_spec if settings.quantize else None
-  if spec is None:
-    return CacheKind(name, None, settings.cache_dtype)
+  `key_stats`: the preset's `cache.key_stats` ('' for none), `loaded`:
+  whether they loaded; `dtype`: the preset's own `cache.dtype` ('' for
+  none: SERVING_DTYPE). ValueError 'does not fit this model (...)' when a
+  layer's format cannot quantize the model's head_dim or the per-layer
+  formats name layers it does not have.
+  """
   notes = []
   if key_stats:
     spec, note = _key_stats(spec, config, key_stats, loaded)
@@ -88,29 +50,29 @@ def resolve_kind(name: str, config: ModelConfig,
     notes.append("per-layer formats by layer index, as the preset names "
                  "them")
   try:
-    _check_head_dim(spec, config)
+    check_head_dim(spec, config.head_dim, config.num_layers)
     spec.check_num_layers(config.num_layers)
   except ValueError as e:
-    raise ValueError(f"--kinds item {name!r} does not fit this model "
-                     f"(num_layers={config.num_layers}, head_dim="
-                     f"{config.head_dim}): {e}") from e
-  if not preset.cache.dtype and any(
+    raise ValueError(f"does not fit this model (num_layers="
+                     f"{config.num_layers}, head_dim={config.head_dim}): "
+                     f"{e}") from e
+  if not dtype and any(
       spec.layer(i).k is None or spec.layer(i).v is None
       for i in range(config.num_layers)):
     notes.insert(0, f"unquantized layers / tensors in {SERVING_DTYPE}")
-  return CacheKind(name, spec, preset.cache.dtype or SERVING_DTYPE,
-                   "; ".join(notes))
+  return spec, "; ".join(notes)
 
 
-def _check_head_dim(spec: CacheSpec, config: ModelConfig) -> None:
-  """ValueError if a layer's K/V format cannot quantize [.., head_dim]."""
-  for i in range(config.num_layers):
+def check_head_dim(spec: CacheSpec, head_dim: int, num_layers: int) -> None:
+  """Raises ValueError if a layer's K/V spec cannot quantize [.., head_dim]."""
+  for i in range(num_layers):
     layer = spec.layer(i)
     for name, s in (("k", layer.k), ("v", layer.v)):
       if s is not None:
-        tokens = s.group_size if s.granularity == "per_channel" else 1
         try:
-          s.validate_shape((1, 1, max(tokens, 2), config.head_dim))
+          # Heads-major cache layout [B, K, S, H]; tokens are a whole group.
+          tokens = s.group_size if s.granularity == "per_channel" else 1
+          s.validate_shape((1, 1, max(tokens, 2), head_dim))
         except ValueError as e:
           raise ValueError(f"layer {i} {name}: {e}") from e
 

@@ -40,43 +40,21 @@ import jax
 
 from kvq_jax.bench.decode_bench import leaf_bytes
 from kvq_jax.bench.decode_speed import equal_slots
-from kvq_jax.bench.kinds import resolve_kind
 from kvq_jax.cache.factory import init_cache
-from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.capacity.memory import effective_bits
 from kvq_jax.models.generate import default_capacity, generate
 from kvq_jax.models.runtime import Runtime
 from kvq_jax.settings.experiment_settings import ExperimentSettings
+from kvq_jax.settings.kinds import Kind, resolve_kind
 
 BASELINE = "baseline"
-
-
-@dataclasses.dataclass(frozen=True)
-class CacheKind:
-  """One cache a prompt is decoded with.
-
-  Attributes:
-    name: 'baseline', a preset name, or 'bf16' / 'float32' (dense).
-    spec: None for a dense cache, else the quantized cache's spec.
-    cache_dtype: the full-precision dtype: a dense cache's storage, what a
-      quantized cache quantizes from.
-  """
-
-  name: str
-  spec: CacheSpec | None
-  cache_dtype: str
-
-  def describe(self) -> str:
-    if self.spec is None:
-      return f"dense {self.cache_dtype} cache"
-    return f"quantized cache (from {self.cache_dtype})"
 
 
 @dataclasses.dataclass(frozen=True)
 class Continuation:
   """One kind's greedy continuation and what it cost."""
 
-  kind: CacheKind
+  kind: Kind  # 'baseline', the --config preset or a --compare kind.
   new_ids: tuple[int, ...]  # Includes the stop token if one ended it.
   seconds: float  # Wall time of the compiled generate call.
   cache_bytes: int  # Every leaf of the cache (`capacity` slots).
@@ -120,17 +98,16 @@ def positive(value: int, what: str) -> int:
 
 
 def cache_kinds(settings: ExperimentSettings, config_name: str,
-                compare: Sequence[str] = ()) -> list[CacheKind]:
+                compare: Sequence[str] = ()) -> list[Kind]:
   """The baseline, the preset's cache (when it quantizes) and every
-  `compare` kind (`kinds.resolve_kind`: 'bf16', 'float32' or a preset
-  name / file); ValueError for an unknown or repeated name."""
-  kinds = [CacheKind(BASELINE, None, settings.dtype)]
+  `compare` kind (`settings.kinds.resolve_kind`: 'bf16', 'float32', a
+  preset name / file or a short spec); ValueError for an unknown or
+  repeated name."""
+  kinds = [Kind(BASELINE, None, settings.dtype)]
   if settings.quantize:
-    kinds.append(CacheKind(config_name, settings.cache_spec,
-                           settings.cache_dtype))
-  for name in compare:
-    spec, dtype = resolve_kind(name.strip())
-    kinds.append(CacheKind(name.strip(), spec, dtype.name))
+    kinds.append(Kind(config_name, settings.cache_spec,
+                      settings.cache_dtype))
+  kinds += [resolve_kind(name) for name in compare]
   names = [k.name for k in kinds]
   repeated = sorted({n for n in names if names.count(n) > 1})
   if repeated:
@@ -141,13 +118,13 @@ def cache_kinds(settings: ExperimentSettings, config_name: str,
   return kinds
 
 
-def _cache_bytes(runtime: Runtime, kind: CacheKind, capacity: int) -> int:
+def _cache_bytes(runtime: Runtime, kind: Kind, capacity: int) -> int:
   return leaf_bytes(jax.eval_shape(lambda: init_cache(
-      runtime.config, 1, capacity, kind.spec, kind.cache_dtype)))
+      runtime.config, 1, capacity, kind.spec, kind.dtype)))
 
 
 def continue_prompt(runtime: Runtime, prompt_ids: Sequence[int],
-                    kinds: Sequence[CacheKind], max_new_tokens: int,
+                    kinds: Sequence[Kind], max_new_tokens: int,
                     stop_id: int | None = None
                     ) -> tuple[int, tuple[Continuation, ...]]:
   """(the slots every cache got, one greedy `Continuation` per kind).
@@ -165,7 +142,7 @@ def continue_prompt(runtime: Runtime, prompt_ids: Sequence[int],
   for kind in kinds:
     run = lambda n, kind=kind: generate(  # noqa: E731
         runtime, None, prompt, n, eos_id=stop_id,
-        cache_dtype=kind.cache_dtype, cache_spec=kind.spec, capacity=capacity)
+        cache_dtype=kind.dtype, cache_spec=kind.spec, capacity=capacity)
     run(min(2, max_new_tokens))  # Compiles prefill and the decode step.
     start = time.perf_counter()
     new_ids = run(max_new_tokens).new_ids
@@ -174,6 +151,6 @@ def continue_prompt(runtime: Runtime, prompt_ids: Sequence[int],
         kind=kind, new_ids=new_ids, seconds=seconds,
         cache_bytes=_cache_bytes(runtime, kind, capacity),
         bits_per_element=effective_bits(runtime.config, kind.spec,
-                                        kind.cache_dtype,
+                                        kind.dtype,
                                         len(prompt) + len(new_ids))))
   return capacity, tuple(out)

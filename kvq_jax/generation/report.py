@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from kvq_jax.generation.compare import (BASELINE, Continuation,
                                         PromptComparison, first_divergence)
+from kvq_jax.settings.kinds import Kind
 
 MARK = "‖"  # Inserted where a continuation leaves the baseline's.
 
@@ -21,6 +22,12 @@ def _text(tokenizer: Any | None, ids: Sequence[int]) -> str:
   if tokenizer is None:
     return " ".join(str(i) for i in ids)
   return tokenizer.decode(list(ids))
+
+
+def _describe(kind: Kind) -> str:
+  if kind.spec is None:
+    return f"dense {kind.dtype} cache"
+  return f"quantized cache (from {kind.dtype})"
 
 
 def _token(tokenizer: Any | None, ids: Sequence[int], index: int) -> str:
@@ -71,7 +78,7 @@ def format_comparison(comparison: PromptComparison,
   for c in comparison.continuations:
     held = len(comparison.prompt_ids) + len(c.new_ids)
     index = None if c is base else first_divergence(base.new_ids, c.new_ids)
-    lines += ["", f"--- {c.kind.name}: {c.kind.describe()} ---",
+    lines += ["", f"--- {c.kind.name}: {_describe(c.kind)} ---",
               _numbers(c, base, held)]
     text = _text(tokenizer, c.new_ids)
     if c is not base:

@@ -31,9 +31,9 @@ import time
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from kvq_jax.bench.kinds import resolve_kind
 from kvq_jax.bench.process_memory import peak_rss_gib, reset_peak_rss
 from kvq_jax.cache.paged_model import (init_paged_cache, pool_bytes,
                                        slot_fields)
@@ -41,6 +41,7 @@ from kvq_jax.capacity.memory import effective_bytes
 from kvq_jax.models.runtime import Runtime
 from kvq_jax.serving.engine import Engine, EngineConfig
 from kvq_jax.serving.request import Request, RequestResult
+from kvq_jax.settings.kinds import resolve_kind
 
 
 def page_costs(config, spec, dtype, page_size: int) -> tuple[int, int]:
@@ -75,11 +76,18 @@ def plan(budget_bytes: int, per_page: int, per_slot: int, page_size: int,
   return pages + 1, slots  # + the null page, which the budget does not buy.
 
 
+def _spec_dtype(kind: str) -> tuple:
+  """(cache spec or None, jnp dtype) of kind `kind`
+  (`settings.kinds.resolve_kind`)."""
+  resolved = resolve_kind(kind)
+  return resolved.spec, jnp.dtype(resolved.dtype)
+
+
 def kind_plan(runtime: Runtime, kind: str, budget_bytes: int, page_size: int,
               request_tokens: int, max_slots: int
               ) -> tuple[int, int, int, int]:
   """(page bytes, slot bytes, pool pages, slots) of `kind` in the budget."""
-  spec, dtype = resolve_kind(kind)
+  spec, dtype = _spec_dtype(kind)
   per_page, per_slot = page_costs(runtime.config, spec, dtype, page_size)
   try:
     pages, slots = plan(budget_bytes, per_page, per_slot, page_size,
@@ -146,7 +154,7 @@ def serve_kind(runtime: Runtime, kind: str, requests: Sequence[Request],
                prefill_chunk: int, request_tokens: int,
                prefix_caching: bool = False) -> dict:
   """One kind's row (module docstring), its results under 'results'."""
-  spec, dtype = resolve_kind(kind)
+  spec, dtype = _spec_dtype(kind)
   config = runtime.config
   per_page, per_slot, num_pages, slots = kind_plan(
       runtime, kind, budget_bytes, page_size, request_tokens, max_slots)
@@ -257,7 +265,7 @@ def budget_for_requests(runtime: Runtime, kind: str, request_tokens: int,
                         num_requests: int, page_size: int) -> int:
   """The KV budget in which `kind` holds `num_requests` full-length
   requests (their pages + one headroom page, and their slots' state)."""
-  spec, dtype = resolve_kind(kind)
+  spec, dtype = _spec_dtype(kind)
   per_page, per_slot = page_costs(runtime.config, spec, dtype, page_size)
   pages = -(-request_tokens // page_size)
   return num_requests * (pages * per_page + per_slot) + per_page

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from kvq_jax.bench.kinds import resolve_kind
 from kvq_jax.bench.timing import machine_description
 from kvq_jax.cache.paged import page_size_reason
 from kvq_jax.cache.paged_model import paged_layer_spec
@@ -19,6 +18,7 @@ from kvq_jax.facade import load_model
 from kvq_jax.models.runtime import Runtime
 from kvq_jax.serving import bench, bench_report
 from kvq_jax.serving.workload import Workload, make_requests
+from kvq_jax.settings.kinds import resolve_kind
 
 
 def _budget(runtime: Runtime, kinds, request_tokens: int, page_size: int, *,
@@ -50,7 +50,7 @@ def check_kinds(config, kinds: Sequence[str], page_size: int) -> None:
   if not kinds:
     raise ValueError("--kinds is empty.")
   for kind in kinds:
-    spec, _ = resolve_kind(kind)
+    spec = resolve_kind(kind).spec
     for i in range(config.num_layers):
       if config.layer_window(i) is not None:
         continue

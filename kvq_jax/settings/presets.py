@@ -3,7 +3,8 @@
 A bare name resolves to `configs/NAME.py` (the `configs` package shipped
 beside `kvq_jax`); anything else is used as a path (`path:arg` keeps its
 argument). `load_preset` runs the file's `get_config()`. The `--config` flag
-(`cli.config_flag`) and the sweep's named points (`sweep.points`) resolve
+(`cli.config_flag`) and cache kinds (`settings.kinds`: the benchmarks'
+and the capacity plan's `--kinds`, the sweep's `--points`, ...) resolve
 through here.
 """
 

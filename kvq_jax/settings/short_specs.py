@@ -21,12 +21,25 @@ keeps N outliers per vector exactly (dense-and-sparse);
 Examples: `int8`, `int4_g32`, `int4_g32_asym`, `int2_pc32_asym`,
 `int8_g32_narrow`, `int4_lm`, `int2_vq`, `int4_st_o1`, `q4_0`. `short_name` writes the llama.cpp name for
 exactly those specs (so `int4_g32_ggml` comes back as `q4_0`).
+
+A whole cache (`parse_cache_spec`, the short-spec form of a cache kind:
+`settings.kinds`, the sweep's `--points`) is `KSPEC[/VSPEC][:OPT...]`: K
+and V formats (VSPEC defaults to KSPEC) on top of a base cache spec, with
+options `pre` / `post` (key_rope), `hadk`, `hadv`, `had` (both), `rsN`
+(randomised Hadamard, rotation seed N; with had/hadk/hadv), `nohad` (no
+rotation: clears the base's Hadamard and seed), `noaff` (drops the base's
+calibrated key affines), `rN` (residual N tokens), `sN` (sink N tokens),
+`fN` (flush_block N: both K and V wait in full precision until N tokens
+close, e.g. `int4_g32_asym:f32` to isolate what a 0-31 token window buys).
+Example: `int4_pc32_asym/int4_g32_asym:pre:hadv:r128`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
+from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.quant import GGML_TYPES, QuantSpec, ggml_name, ggml_spec
 
 _PATTERN = re.compile(
@@ -42,6 +55,14 @@ _SCHEMES = {None: "symmetric", "_asym": "asymmetric",
 _SUFFIXES = {v: k or "" for k, v in _SCHEMES.items()}
 _FP8_SCALES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 _FP8_SUFFIXES = {v: f"_s{k}" for k, v in _FP8_SCALES.items()}
+_OPTION = re.compile(r"^(?:(?P<flag>pre|post|hadk|hadv|had|nohad|noaff)|"
+                     r"rs(?P<rs>\d+)|"
+                     r"r(?P<r>\d+)|"
+                     r"s(?P<s>\d+)|f(?P<f>\d+))$")
+
+
+class UnknownFormat(ValueError):
+  """A format name outside the grammar (not merely an invalid spec)."""
 
 
 def parse_short_spec(text: str) -> QuantSpec | None:
@@ -52,7 +73,7 @@ def parse_short_spec(text: str) -> QuantSpec | None:
     return ggml_spec(text)
   match = _PATTERN.match(text)
   if not match:
-    raise ValueError(
+    raise UnknownFormat(
         f"cache format {text!r} is not understood; allowed: 'fp' or "
         "FORMAT[_gN|_pcN][_asym|_narrow|_lm|_vq|_st][_se4m3|_se5m2][_oN]"
         "[_ggml][_clipR] (e.g. "
@@ -123,3 +144,46 @@ def parse_layer_overrides(text: str) -> tuple:
             "non-negative integer.")
       overrides.append((int(layer), k, v))
   return tuple(overrides)
+
+
+def parse_cache_spec(text: str, base: CacheSpec | None) -> CacheSpec:
+  """'KSPEC[/VSPEC][:OPT...]' (module docstring) on top of `base` (None: the
+  CacheSpec defaults): K and V for every layer (the base's layer overrides
+  and flush block cleared), the options applied. UnknownFormat when K or V
+  is outside the grammar; ValueError for anything else wrong."""
+  formats, *options = text.split(":")
+  k_text, _, v_text = formats.partition("/")
+  k = parse_short_spec(k_text)
+  v = parse_short_spec(v_text) if v_text else k
+  changes = {"k": k, "v": v, "layer_overrides": (), "flush_block": None}
+  for option in options:
+    match = _OPTION.match(option)
+    if not match:
+      raise ValueError(
+          f"option {option!r} is not understood; allowed: pre, post, hadk, "
+          "hadv, had, nohad, noaff, rsN (rotation seed), rN (residual), sN "
+          "(sink), fN (flush block).")
+    flag = match["flag"]
+    if flag in ("pre", "post"):
+      changes["key_rope"] = flag
+    elif flag == "hadk":
+      changes["hadamard_k"] = True
+    elif flag == "hadv":
+      changes["hadamard_v"] = True
+    elif flag == "had":
+      changes["hadamard_k"] = changes["hadamard_v"] = True
+    elif flag == "nohad":
+      changes["hadamard_k"] = changes["hadamard_v"] = False
+      changes["rotation_seed"] = None
+    elif flag == "noaff":
+      changes["key_affines"] = ()
+    elif match["rs"]:
+      changes["rotation_seed"] = int(match["rs"])
+    elif match["r"]:
+      changes["residual"] = int(match["r"])
+    elif match["f"]:
+      changes["flush_block"] = int(match["f"])
+    else:
+      changes["sink"] = int(match["s"])
+  return dataclasses.replace(base if base is not None else CacheSpec(),
+                             **changes)

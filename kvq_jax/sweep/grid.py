@@ -13,6 +13,7 @@ import dataclasses
 from typing import Sequence
 
 from kvq_jax.cache.spec import CacheSpec
+from kvq_jax.capacity.kinds import check_head_dim
 from kvq_jax.quant import FORMATS, QuantSpec
 from kvq_jax.settings.short_specs import short_name
 
@@ -42,20 +43,6 @@ def _kv_spec(fmt: str, group_size: int, scheme: str) -> QuantSpec:
     return QuantSpec(format=fmt, scheme=scheme, granularity="per_token")
   return QuantSpec(format=fmt, scheme=scheme, granularity="per_group",
                    group_size=group_size)
-
-
-def check_head_dim(spec: CacheSpec, head_dim: int, num_layers: int) -> None:
-  """Raises ValueError if a layer's K/V spec cannot quantize [.., head_dim]."""
-  for i in range(num_layers):
-    layer = spec.layer(i)
-    for name, s in (("k", layer.k), ("v", layer.v)):
-      if s is not None:
-        try:
-          # Heads-major cache layout [B, K, S, H]; tokens are a whole group.
-          tokens = s.group_size if s.granularity == "per_channel" else 1
-          s.validate_shape((1, 1, max(tokens, 2), head_dim))
-        except ValueError as e:
-          raise ValueError(f"layer {i} {name}: {e}") from e
 
 
 def point_name(spec: CacheSpec) -> str:

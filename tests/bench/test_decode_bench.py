@@ -1,4 +1,5 @@
-"""Decode-step benchmark rows (`bench.decode_bench`, `bench.kinds`)."""
+"""Decode-step benchmark rows (`bench.decode_bench`; kinds by
+`settings.kinds`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 
 from kvq_jax.bench import attention_bench
 from kvq_jax.bench import decode_bench
-from kvq_jax.bench.kinds import resolve_kind
 from kvq_jax.capacity.memory import effective_bits
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.models.runtime import Runtime
+from kvq_jax.settings.kinds import Kind, resolve_kind
 from tests.models.tiny import TINY as _TINY
 
 TINY = dataclasses.replace(_TINY, head_dim=32)  # q4_0's groups of 32 fit.
@@ -28,8 +29,9 @@ def test_rows_share_slots_and_carry_what_was_measured():
   # int8 / q4_0 presets allocate whole blocks: every kind gets those slots.
   assert len({r.slots for r in rows}) == 1 and rows[0].slots >= 24
   for r in rows:
-    spec, dtype = resolve_kind(r.kind)
-    assert r.effective_bits == effective_bits(TINY, spec, dtype, 24)
+    kind = resolve_kind(r.kind)
+    assert r.effective_bits == effective_bits(TINY, kind.spec,
+                                              jnp.dtype(kind.dtype), 24)
     assert 0 < r.seconds_min <= r.seconds_median and r.batch == 2
   by_kind = {r.kind: r for r in rows}
   lengths = TINY.num_layers * 2 * 4  # int32 length_B per layer.
@@ -45,10 +47,11 @@ def test_rows_share_slots_and_carry_what_was_measured():
 
 
 def test_kinds_resolve_to_the_presets_cache():
-  assert resolve_kind("bf16") == (None, jnp.dtype(jnp.bfloat16))
-  spec, _ = resolve_kind("q4_0")
+  assert resolve_kind("bf16") == Kind("bf16", None, "bfloat16")
+  spec = resolve_kind("q4_0").spec
   assert spec.k.format == "int4" and spec.k.group_size == 32
-  with pytest.raises(ValueError, match="bf16, float32 or a preset"):
+  with pytest.raises(ValueError, match="'int7' is unknown; allowed: bf16, "
+                     "float32, .* a preset"):
     resolve_kind("int7")
 
 
@@ -60,8 +63,9 @@ def test_attention_rows_time_the_caches_own_decode_path():
                              log=lambda _: None)
   assert [r.kind for r in rows] == ["float32", "int8", "int8:pallas"]
   assert len({r.slots for r in rows}) == 1
-  spec, dtype = resolve_kind("int8")
-  assert rows[1].effective_bits == effective_bits(TINY, spec, dtype, 40)
+  kind = resolve_kind("int8")
+  assert rows[1].effective_bits == effective_bits(
+      TINY, kind.spec, jnp.dtype(kind.dtype), 40)
   # One layer's cache: int8 codes + a scale per head vector vs float32.
   assert rows[1].cache_bytes < 0.4 * rows[0].cache_bytes
   with pytest.raises(ValueError, match="implementation"):

@@ -10,11 +10,11 @@ import pytest
 
 from kvq_jax.bench import generate_bench
 from kvq_jax.bench.decode_bench import write_rows
-from kvq_jax.bench.kinds import resolve_kind
 from kvq_jax.capacity.memory import effective_bits
 from kvq_jax.models.generate import generate
 from kvq_jax.models.params import decoder_from_params, random_params
 from kvq_jax.models.runtime import Runtime
+from kvq_jax.settings.kinds import resolve_kind
 from tests.models.tiny import TINY
 
 KINDS = ("float32", "int8")
@@ -43,8 +43,9 @@ def test_one_row_per_kind_and_context_with_what_was_measured(rows):
     # Every kind of one context gets the same slots, >= prompt + new tokens.
     assert len({r.slots for r in at}) == 1 and at[0].slots >= context + NEW
   for r in rows:
-    spec, dtype = resolve_kind(r.kind)
-    assert r.effective_bits == effective_bits(TINY, spec, dtype,
+    kind = resolve_kind(r.kind)
+    assert r.effective_bits == effective_bits(TINY, kind.spec,
+                                              jnp.dtype(kind.dtype),
                                               r.context + NEW)
     assert r.decode_tokens_per_s == pytest.approx(2 * (NEW - 1) / r.decode_seconds)
     assert r.decode_tokens_per_s > 0 and r.prefill_seconds > 0

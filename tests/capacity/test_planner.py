@@ -1,5 +1,6 @@
-"""capacity.planner (and architectures, kinds, experiments.capacity): the
-numbers checked by hand, bad input refused before any cache is traced."""
+"""serving.capacity_plan (and capacity.architectures, capacity.kinds through
+settings.kinds, experiments.capacity): the numbers checked by hand, bad
+input refused before any cache is traced."""
 
 from __future__ import annotations
 
@@ -15,16 +16,13 @@ import numpy as np
 import pytest
 
 from kvq_jax import assets
-from kvq_jax import facade
 from kvq_jax.cache.key_affine import KeyAffine
 from kvq_jax.capacity import memory
-from kvq_jax.capacity import planner
 from kvq_jax.capacity.architectures import (ARCHITECTURES,
                                             get_architecture)
-from kvq_jax.capacity.catalog import Catalog
-from kvq_jax.capacity.kinds import DEFAULT_KINDS, resolve_kind
-from kvq_jax.capacity.planner import CapacityRequest
-from kvq_jax.settings import presets
+from kvq_jax.serving import capacity_plan as planner
+from kvq_jax.serving.capacity_plan import DEFAULT_KINDS, CapacityRequest
+from kvq_jax.settings import kinds
 from kvq_jax.settings.experiment_settings import settings_from_config
 
 GIB = 2**30
@@ -35,16 +33,13 @@ WEIGHTS_8B_BF16 = 8_030_261_248 * 2  # 16.06e9 B.
 BUDGET_8B_24GIB = 24 * GIB - WEIGHTS_8B_BF16
 
 
-# What experiments/capacity.py hands the planner.
-CATALOG = Catalog(models=tuple(sorted(assets.REGISTRY)),
-                  model_config=facade.model_config,
-                  presets=tuple(presets.available_presets()),
-                  load_preset=presets.load_preset,
-                  settings_from_config=settings_from_config)
-
-
 def plan_capacity(request: CapacityRequest) -> planner.CapacityPlan:
-  return planner.plan_capacity(request, CATALOG)
+  return planner.plan_capacity(request)
+
+
+def resolve_kind(name: str, config):
+  """A kind priced on `config`, as the plan resolves it."""
+  return kinds.resolve_kind(name, model=config, what="--kinds item")
 
 
 def _request(**changes) -> CapacityRequest:
@@ -140,7 +135,7 @@ def test_default_kinds_plan_on_qwen():
 
 def test_stand_in_key_stats_have_the_models_shape():
   config = ARCHITECTURES["qwen2.5-7b"].config
-  kind = resolve_kind("tqmix425", config, CATALOG)
+  kind = resolve_kind("tqmix425", config)
   assert len(kind.spec.key_affines) == config.num_layers
   assert kind.spec.key_affines[0].shape == (4, 128)
   assert kind.dtype == "bfloat16"
@@ -153,7 +148,7 @@ def test_transform_stand_in_charges_the_basis_and_codebooks():
   K H^2 int8 + K H float32 row scales per layer, 65536 + 2048 bytes, over
   2 K H 512 elements: 1.03 bits."""
   config = ARCHITECTURES["qwen2.5-7b"].config
-  kind = resolve_kind("tc3", config, CATALOG)
+  kind = resolve_kind("tc3", config)
   assert "transform mode, rotated" in kind.note
   widths = kind.spec.layer(0).k.component_bits
   assert sum(widths) == 3 * 128 and len(set(widths)) > 3
@@ -170,7 +165,7 @@ def test_channel_widths_recipe_is_stood_in_without_a_basis():
   """ca3 ('auto:mode=transform', no rotation): the same spread of widths
   as tc3, and exactly the 1.03 bits of tc3's basis less in constants."""
   config = ARCHITECTURES["qwen2.5-7b"].config
-  kind = resolve_kind("ca3", config, CATALOG)
+  kind = resolve_kind("ca3", config)
   assert "transform mode)" in kind.note and "rotated" not in kind.note
   assert kind.spec.layer(0).key_affine.rotation == ()
   assert sum(kind.spec.layer(0).k.component_bits) == 3 * 128
@@ -264,7 +259,7 @@ def test_cli_bad_kind_fails_with_the_allowed_list():
   result = _cli("--model=llama-3.1-8b", "--device_memory_gib=24",
                 "--kinds=bf16,nope")
   assert result.returncode != 0
-  assert "ValueError: --kinds item 'nope' is unknown; allowed: bf16" in \
+  assert "error: --kinds item 'nope' is unknown; allowed: bf16" in \
       result.stderr
 
 
@@ -288,9 +283,18 @@ def test_registered_model_reads_its_config_from_the_file():
 
 
 
-def _catalog_with_key_stats(layers: int, heads: int, head_dim: int):
-  """CATALOG whose presets' key stats load as `layers` affines of shape
-  [heads, head_dim] (another model's, or this one's), not from disk."""
+@pytest.fixture
+def key_stats_of(monkeypatch):
+  """key_stats_of(layers, heads, head_dim): from then on, presets' key stats
+  load (in `settings.kinds`) as `layers` affines of shape [heads,
+  head_dim] (another model's, or this one's), not from disk."""
+  def patch(layers: int, heads: int, head_dim: int):
+    monkeypatch.setattr(kinds, "settings_from_config",
+                        _settings_with_key_stats(layers, heads, head_dim))
+  return patch
+
+
+def _settings_with_key_stats(layers: int, heads: int, head_dim: int):
   def settings(preset):
     preset = copy.deepcopy(preset)
     stats, preset.cache.key_stats = preset.cache.key_stats, ""
@@ -301,19 +305,21 @@ def _catalog_with_key_stats(layers: int, heads: int, head_dim: int):
                                    np.ones((heads, head_dim)))
     return dataclasses.replace(result, cache_spec=dataclasses.replace(
         result.cache_spec, key_affines=(affine,) * layers))
-  return dataclasses.replace(CATALOG, settings_from_config=settings)
+  return settings
 
 
-def test_key_stats_of_another_model_are_stood_in():
+def test_key_stats_of_another_model_are_stood_in(key_stats_of):
   config = ARCHITECTURES["llama-3.1-8b"].config
-  kind = resolve_kind("tq4", config, _catalog_with_key_stats(30, 3, 64))
+  key_stats_of(30, 3, 64)
+  kind = resolve_kind("tq4", config)
   assert [a.shape for a in kind.spec.key_affines] == [(8, 128)] * 32
   assert kind.note == ("key stats auto calibrated "
                        "for 30 layers of shape (3, 64): stand-in of this "
                        "model's shape (std mode), memory only")
 
 
-def test_key_stats_of_this_model_are_used():
+def test_key_stats_of_this_model_are_used(key_stats_of):
   config = ARCHITECTURES["llama-3.1-8b"].config
-  kind = resolve_kind("tq4", config, _catalog_with_key_stats(32, 8, 128))
+  key_stats_of(32, 8, 128)
+  kind = resolve_kind("tq4", config)
   assert kind.note == "key stats from auto"

@@ -10,11 +10,12 @@ from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.cli.config_flag import _PresetParser  # pylint: disable=protected-access
 from kvq_jax.generation import runner
 from kvq_jax.generation.compare import (
-    CacheKind, Continuation, PromptComparison, cache_kinds, first_divergence)
+    Continuation, PromptComparison, cache_kinds, first_divergence)
 from kvq_jax.generation.report import MARK, format_comparison
 from kvq_jax.loaders.tokenizer import TextTokenizer
 from kvq_jax.quant import QuantSpec
 from kvq_jax.settings.experiment_settings import settings_from_config
+from kvq_jax.settings.kinds import Kind
 from tests.fixtures import tiny_hf_model
 
 INT2_G8 = QuantSpec("int2", "asymmetric", "per_group", 8)
@@ -42,7 +43,7 @@ class _WordTokenizer:
 
 
 def _continuation(name, spec, ids, cache_bytes, seconds=0.5):
-  return Continuation(kind=CacheKind(name, spec, "float32"),
+  return Continuation(kind=Kind(name, spec, "float32"),
                       new_ids=tuple(ids), seconds=seconds,
                       cache_bytes=cache_bytes, bits_per_element=32.0)
 
@@ -97,9 +98,9 @@ def test_cache_kinds_and_repeats():
   kinds = cache_kinds(settings, "int2_g32_asym", ["kvq4", "bf16"])
   assert [k.name for k in kinds] == ["baseline", "int2_g32_asym", "kvq4",
                                      "bf16"]
-  assert kinds[0].spec is None and kinds[0].cache_dtype == "float32"
+  assert kinds[0].spec is None and kinds[0].dtype == "float32"
   assert kinds[2].spec.key_rope == "pre"
-  assert kinds[3].spec is None and kinds[3].cache_dtype == "bfloat16"
+  assert kinds[3].spec is None and kinds[3].dtype == "bfloat16"
   with pytest.raises(ValueError, match="int2_g32_asym given twice"):
     cache_kinds(settings, "int2_g32_asym", ["int2_g32_asym"])
   with pytest.raises(ValueError, match="nope"):

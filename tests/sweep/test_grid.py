@@ -100,8 +100,8 @@ def test_check_points_needs_no_model():
   settings = settings_from_config(load_preset("int4_g32"))
   check_points(settings, None)
   check_points(settings, "int8,kivi2,int4_g32_asym:r64")
-  with pytest.raises(ValueError, match=r"--points item 'int9': .*not "
-                     "understood"):
+  with pytest.raises(ValueError, match=r"--points item 'int9' is unknown"
+                     ".*not understood"):
     check_points(settings, ["int8", "int9"])
   check_points(settings, "int4_g48")  # Only the model's head_dim waits.
 

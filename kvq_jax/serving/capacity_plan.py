@@ -1,10 +1,11 @@
 """What a device's memory holds: sessions at a context, context per session.
 
-For a model (a named architecture of `capacity.architectures`, or a
-registered one read from its file's metadata through the caller's
-`capacity.catalog.Catalog`, which also resolves presets) on a device of
-D GiB with weights at w bytes per parameter and an overhead reserve O GiB
-(activations, runtime; not modelled, 0 by default):
+`experiments.capacity`'s library call. For a model (a named architecture
+of `capacity.architectures`, a registered model or a model path, read from
+its file's metadata: `facade.model_config`) and cache kinds
+(`settings.kinds.resolve_kind` priced on that model: `capacity.kinds`) on
+a device of D GiB with weights at w bytes per parameter and an overhead
+reserve O GiB (activations, runtime; not modelled, 0 by default):
 
     KV budget B = D - num_params * w - O                      (bytes)
     max concurrency at context L = floor(B / bytes(L))
@@ -38,13 +39,16 @@ import pathlib
 
 import jax.numpy as jnp
 
+from kvq_jax import assets
+from kvq_jax import facade
 from kvq_jax.capacity import memory
 from kvq_jax.capacity.architectures import ARCHITECTURES, architecture_names
-from kvq_jax.capacity.catalog import Catalog
-from kvq_jax.capacity.kinds import DEFAULT_KINDS, CacheKind, resolve_kind
 from kvq_jax.models.config import ModelConfig
+from kvq_jax.settings.kinds import Kind, resolve_kind
 
 GIB = 2**30
+DEFAULT_KINDS = ("bf16", "fp8_e4m3", "int8", "q8_0", "q4_0", "kivi4",
+                 "kivi2", "int4_g32_asym", "tqmix425")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +61,8 @@ class CapacityRequest:
     weight_bytes_per_param: 2 for bf16 weights, 1 for fp8 / int8, ...
     context: tokens per request for the maximum concurrency.
     concurrency: requests for the maximum context (each gets B / N).
-    kinds: cache kinds (`capacity.kinds`: bf16, float32 or a preset).
+    kinds: cache kinds (`settings.kinds`: bf16, float32, a preset or a
+      short spec).
     overhead_gib: activations / runtime reserve taken off the budget.
   """
 
@@ -155,31 +160,30 @@ class CapacityPlan:
     return out
 
 
-def resolve_model(name: str, catalog: Catalog) -> tuple[ModelConfig, str]:
+def resolve_model(name: str) -> tuple[ModelConfig, str]:
   """(config, where it comes from): an architecture, a registered model
-  of the catalog (its file's metadata; fetched once if not cached) or a
-  model path."""
+  (its file's metadata; fetched once if not cached) or a model path."""
   if name in ARCHITECTURES:
     arch = ARCHITECTURES[name]
     return arch.config, (f"architecture {name}: config numbers of "
                          f"{arch.source}")
-  if name in catalog.models:
-    return (catalog.model_config(name),
+  if name in assets.REGISTRY:
+    return (facade.model_config(name),
             f"registered model {name}: its file's metadata")
   if os.path.exists(os.path.expanduser(name)):
-    return catalog.model_config(name), f"model at {name}"
+    return facade.model_config(name), f"model at {name}"
   raise ValueError(
       f"model={name!r} is unknown; allowed: an architecture "
       f"({', '.join(architecture_names())}), a registered model "
-      f"({', '.join(sorted(catalog.models))}) or an existing .gguf / "
+      f"({', '.join(sorted(assets.REGISTRY))}) or an existing .gguf / "
       "Hugging Face model path.")
 
 
-def plan_capacity(request: CapacityRequest,
-                  catalog: Catalog) -> CapacityPlan:
+def plan_capacity(request: CapacityRequest) -> CapacityPlan:
   """Every kind's capacity (module docstring); validation comes first."""
-  config, source = resolve_model(request.model, catalog)
-  kinds = [resolve_kind(name, config, catalog) for name in request.kinds]
+  config, source = resolve_model(request.model)
+  kinds = [resolve_kind(name, model=config, what="--kinds item")
+           for name in request.kinds]
   params = memory.num_params(config)
   weights = params * request.weight_bytes_per_param
   device = int(request.device_memory_gib * GIB)
@@ -205,7 +209,7 @@ def plan_capacity(request: CapacityRequest,
       notes=_notes(config, request, rows))
 
 
-def _row(config: ModelConfig, kind: CacheKind, budget: int,
+def _row(config: ModelConfig, kind: Kind, budget: int,
          request: CapacityRequest, bf16_bytes: int) -> KindCapacity:
   dtype = jnp.dtype(kind.dtype)
   at = memory.effective_bytes(config, kind.spec, dtype, request.context)
@@ -272,12 +276,12 @@ def format_plan(plan: CapacityPlan) -> str:
   return "\n".join(lines)
 
 
-def run_capacity(request: CapacityRequest, catalog: Catalog,
+def run_capacity(request: CapacityRequest,
                  out: str | None = None) -> CapacityPlan:
   """Plans, prints the table and writes the plan's JSON to `out` if set."""
   if out is not None and pathlib.Path(out).is_dir():
     raise ValueError(f"out={out!r} is a directory; allowed: a file path.")
-  plan = plan_capacity(request, catalog)
+  plan = plan_capacity(request)
   print(format_plan(plan))
   if out is not None:
     path = pathlib.Path(out)
