@@ -1,4 +1,5 @@
-"""HumanEval's outputs: humaneval.json, humaneval.md, config.json.
+"""HumanEval's outputs: humaneval.json, humaneval_summary.json (the same
+without the per-problem records), humaneval.md, config.json.
 
 humaneval.json: {"machine", "model", "prompt_format", ..., "passes": [per
 pass: name, passed, pass_at_1, effective_bits, timings, counts of
@@ -17,6 +18,7 @@ import pathlib
 from kvq_jax.eval.uncertainty_format import describe_delta_ci
 
 RESULTS_FILE = "humaneval.json"
+SUMMARY_FILE = "humaneval_summary.json"  # Small: no answers, no records.
 
 
 def _pct(x: float) -> str:
@@ -95,8 +97,10 @@ def write(workdir: pathlib.Path, out: dict, config) -> list[pathlib.Path]:
   """humaneval.json, humaneval.md and config.json under `workdir`."""
   workdir.mkdir(parents=True, exist_ok=True)
   paths = [workdir / RESULTS_FILE, workdir / "humaneval.md",
-           workdir / "config.json"]
+           workdir / "config.json", workdir / SUMMARY_FILE]
   _write_atomically(paths[0], json.dumps(out, indent=1, default=str))
+  _write_atomically(paths[3], json.dumps(summary(out), indent=1,
+                                         default=str) + "\n")
   paths[1].write_text(
       "# HumanEval\n\n" + summary_markdown(out)
       + "\n\nΔ: the preset's pass@1 minus the baseline's on the same "
@@ -112,6 +116,13 @@ def write(workdir: pathlib.Path, out: dict, config) -> list[pathlib.Path]:
   paths[2].write_text(config.to_json(indent=1) if hasattr(config, "to_json")
                       else json.dumps(config, default=str), encoding="utf-8")
   return paths
+
+
+def summary(out: dict) -> dict:
+  """humaneval.json without the per-problem records (answers, details):
+  the run's settings and one row per pass, a few kB to commit under
+  results/; `summary_markdown` and `rescore_markdown` read it as well."""
+  return {k: v for k, v in out.items() if k != "records"}
 
 
 def _write_atomically(path: pathlib.Path, text: str) -> None:

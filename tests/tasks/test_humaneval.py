@@ -87,9 +87,10 @@ def _stored_run(tmp_path, answers: dict) -> None:
     records[name] = [{"task_id": p["task_id"], "answer": a, "status": st,
                       "passed": st == PASSED, "detail": "", "method": "?"}
                      for p, (a, st) in zip(problems, rows)]
-    passes.append({"name": name, "passed": sum(r["passed"]
-                                               for r in records[name]),
-                   "effective_bits": 32.0, "seconds_per_problem": 1.0})
+    passed = sum(r["passed"] for r in records[name])
+    passes.append({"name": name, "passed": passed,
+                   "pass_at_1": passed / len(rows), "effective_bits": 32.0,
+                   "seconds_per_problem": 1.0})
   out = {"prompt_format": "chat", "model": "m", "num_problems": 2,
          "max_new_tokens": 8, "cache_dtype": "float32", "machine": "x",
          "limits": {"timeout_s": 5.0, "memory_mib": 1024, "cpu_s": 5,
@@ -132,6 +133,10 @@ def test_rescore_reruns_the_stored_answers_and_lists_what_changed(tmp_path):
   assert "SystemExit" in saved["records"]["int8"][1]["detail"]
   md = (tmp_path / "humaneval.md").read_text()
   assert "| int8 | 1 | 1 | 2: HumanEval/0 timed out -> passed" in md
+  small = json.loads((tmp_path / "humaneval_summary.json").read_text())
+  assert "records" not in small and small["passes"] == saved["passes"]
+  assert humaneval_report.rescore_markdown(small) == \
+      humaneval_report.rescore_markdown(saved)
 
 
 @pytest.mark.parametrize("text", ["{\"passes\": [", "[]",
@@ -162,3 +167,7 @@ def test_results_are_written_atomically(tmp_path, monkeypatch):
     humaneval_report.write(tmp_path, json.loads(before), {})
   assert (tmp_path / "humaneval.json").read_text() == before
   assert sorted(p.name for p in tmp_path.iterdir()) == ["humaneval.json"]
+  monkeypatch.undo()
+  humaneval_report.write(tmp_path, json.loads(before), {})
+  assert json.loads((tmp_path / "humaneval.json").read_text()) == \
+      json.loads(before)
