@@ -34,7 +34,8 @@ from kvq_jax.capacity.kinds import SERVING_DTYPE, for_model
 from kvq_jax.models.config import ModelConfig
 from kvq_jax.models.dtypes import DENSE_NAMES, dense_dtype_name
 from kvq_jax.settings.experiment_settings import settings_from_config
-from kvq_jax.settings.presets import available_presets, load_preset
+from kvq_jax.settings.presets import (available_presets, is_preset,
+                                      load_preset)
 from kvq_jax.settings.short_specs import UnknownFormat, parse_cache_spec
 
 
@@ -62,7 +63,7 @@ def _preset_names() -> list[str]:
 
 
 def _is_preset(name: str) -> bool:
-  return name.endswith(".py") or name in _preset_names()
+  return name not in DENSE_NAMES and is_preset(name)
 
 
 def resolve_kind(name: str, *, base: CacheSpec | None = None,

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from flax import struct
 
-from configs import kivi2, kivi4
+from configs.formats import kivi2, kivi4
 from kvq_jax.cache import check_capacity, init_dense_cache
 from kvq_jax.cache.attention import attention_mask, band_mask, gqa_attention
 from kvq_jax.cache.dense import DenseLayerCache, write_slots

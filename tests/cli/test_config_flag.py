@@ -237,7 +237,7 @@ def test_equal_allocation_override_reaches_the_layers(key_stats_dir):
 
 
 def test_preset_given_by_path():
-  path = str(CONFIG_DIR / "kivi2.py")
+  path = str(CONFIG_DIR / "formats" / "kivi2.py")
   assert _parse(["prog", f"--config={path}"]).cache.residual == 128
 
 

@@ -68,7 +68,7 @@ BENCH = {
     "q8_0": ("879434dfaf88", "float32"),
     "kivi4": ("a05602e418f2", "float32"),
     "int2_g32_asym": ("431f473bca05", "float32"),
-    "CONFIGS/kivi4.py": ("a05602e418f2", "float32"),
+    "CONFIGS/formats/kivi4.py": ("a05602e418f2", "float32"),
     "tq4": None,  # A key-stats recipe outside a run.
     "int7": None,
 }
@@ -133,7 +133,7 @@ SWEEP = {
     "kivi2": ("0e740d992195", None),
     "fp/int4_g32": ("a79426ed2c64", None),
     "int4_g32": ("91fb64ba36b9", None),
-    "CONFIGS/k8v4.py": ("189056a28885", "k8v4"),
+    "CONFIGS/formats/k8v4.py": ("189056a28885", "k8v4"),
     "int9": None,
     "int4_g32:wat": None,
     "baseline": None,

@@ -12,8 +12,12 @@ from kvq_jax.settings.presets import CONFIG_DIR, resolve_config_path
 
 def test_resolve_preset_name_and_paths(tmp_path):
   path = resolve_config_path("int4_g32")
-  assert pathlib.Path(path) == CONFIG_DIR / "int4_g32.py"
+  assert pathlib.Path(path) == CONFIG_DIR / "formats" / "int4_g32.py"
   assert resolve_config_path("int4_g32:extra") == path + ":extra"
+  # A folder-qualified name resolves to the same file.
+  assert resolve_config_path("formats/int4_g32") == path
+  assert resolve_config_path("alloc/smollm2-135m/cvmix250") == \
+      resolve_config_path("cvmix250")
   own = tmp_path / "mine.py"
   own.write_text("def get_config():\n  return None\n")
   assert resolve_config_path(str(own)) == str(own)
@@ -55,3 +59,17 @@ def test_an_allocation_preset_is_refused_on_another_model(tmp_path):
   assert presets.load_preset("int4_g32").made_for == ""
   with auto_key_stats.run_context("llama-like-other", None):
     settings_from_config(presets.load_preset("int4_g32"))
+
+
+def test_every_preset_sits_in_a_role_folder_under_a_unique_name():
+  names = presets.available_presets()
+  assert len(names) == len(set(names)) >= 50
+  for name in names:
+    assert presets.preset_role(name) in presets.ROLES, name
+  # An allocation's folder names the model it was made for.
+  for name in names:
+    path = presets.preset_paths()[name].relative_to(CONFIG_DIR)
+    if path.parts[0] == "alloc":
+      assert presets.load_preset(name).made_for == path.parts[1], name
+    elif path.parts[0] in ("formats", "methods"):
+      assert presets.load_preset(name).made_for == "", name

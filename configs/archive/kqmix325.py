@@ -18,11 +18,15 @@ Key ranges: kq3's recipe, built on first use and cached (configs/kq3.py).
 Regenerate: experiments.layer_sensitivity --config=kq3 + experiments.allocate
 --budget=3.15 (WORKSPACE.md). Run: python -m experiments.run
 --config=kqmix325 --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
+
+Archived: superseded by cvmix325: +2.28 [+2.01, +2.55] at 3.24 bits against cvmix325's +1.18 [+0.94, +1.42] at 3.25 (same windows, separate sweeps).
 """
 
 from __future__ import annotations
 
 from configs import base
+
+SUPERSEDED_BY = 'cvmix325'
 
 
 def get_config():

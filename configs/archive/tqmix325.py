@@ -16,11 +16,15 @@ Key statistics: tq4's recipe, built on first use and cached
 Regenerate: experiments.layer_sensitivity + experiments.allocate
 --budget=3.17 (WORKSPACE.md). Run: python -m experiments.run --config=tqmix325 \
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
+
+Archived: superseded by cvmix325: +2.44 [+2.13, +2.75] at 3.23 bits against cvmix325's +1.18 [+0.94, +1.42] at 3.25 (same windows, separate sweeps).
 """
 
 from __future__ import annotations
 
 from configs import base
+
+SUPERSEDED_BY = 'cvmix325'
 
 
 def get_config():

@@ -22,11 +22,15 @@ Needs kq4's key ranges (configs/kq4.py), then the fit (200 s):
 
 Run: python -m experiments.run --config=kq4kl \\
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
+
+Archived: superseded by kq4: +0.732 [+0.562, +0.903] at 4.21 bits against kq4's +0.680 in the same run: no measurable change, and its key statistics (runs/key_stats/smollm2-135m-range-kl) are not shipped.
 """
 
 from __future__ import annotations
 
 from configs import base
+
+SUPERSEDED_BY = 'kq4'
 
 
 def get_config():

@@ -26,11 +26,15 @@ Needs kq4's key ranges (configs/kq4.py), then the fit (420 s on the
 
 Run: python -m experiments.run --config=kq4klcb \\
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
+
+Archived: superseded by kq4: +0.589 [+0.469, +0.710] at 4.22 bits against kq4's +0.680 [+0.537, +0.823] in the same run: no measurable change; its key statistics are not shipped.
 """
 
 from __future__ import annotations
 
 from configs import base
+
+SUPERSEDED_BY = 'kq4'
 
 
 def get_config():
