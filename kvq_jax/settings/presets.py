@@ -74,6 +74,9 @@ def resolve_config_path(value: str) -> str:
           f"{', '.join(available_presets())} (or give a path to a .py file).")
     path = str(found)
   elif not pathlib.Path(path).is_file():
+    moved = pathlib.PurePath(path)
+    if moved.parent.name == "configs" and moved.stem in preset_paths():
+      return str(preset_paths()[moved.stem]) + sep + arg  # Before roles.
     raise ValueError(f"--config={value!r}: no such config file {path!r}.")
   return path + sep + arg
 

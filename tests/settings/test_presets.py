@@ -18,6 +18,8 @@ def test_resolve_preset_name_and_paths(tmp_path):
   assert resolve_config_path("formats/int4_g32") == path
   assert resolve_config_path("alloc/smollm2-135m/cvmix250") == \
       resolve_config_path("cvmix250")
+  # A command written before configs/ had roles still finds its preset.
+  assert resolve_config_path("configs/int4_g32.py") == path
   own = tmp_path / "mine.py"
   own.write_text("def get_config():\n  return None\n")
   assert resolve_config_path(str(own)) == str(own)
