@@ -18,12 +18,12 @@ Fields (override any with --config.FIELD=VALUE):
                    asymmetric | lloyd_max | vector: one 8-bit index per
                    8 // bits elements into a 256-vector codebook, int4 and
                    int2 | static: no scale, calibrated
-                   key ranges, see configs/kq4.py), granularity (per_token
+                   key ranges, see configs/methods/kq4.py), granularity (per_token
                    | per_group | per_channel), group_size (0 = none),
                    clip_ratio, scale_dtype, rounding (kvq: scales rounded
                    up, the project's rule | ggml: llama.cpp's arithmetic,
                    needs float16 scales and clip_ratio 1; see
-                   configs/q4_0.py), outliers (values per head vector kept
+                   configs/formats/q4_0.py), outliers (values per head vector kept
                    exactly with their index; 0 = none); or, set in a
                    preset, a short spec string (c.cache.k =
                    'int4_g32_asym'; 'fp' = none: kvq_jax/settings/
@@ -45,7 +45,7 @@ Fields (override any with --config.FIELD=VALUE):
                    of the full-precision residual/flush window and sinks),
                    cache.component_allocation (greedy | equal: transform-
                    coded keys' widths from the calibrated error tables, or
-                   k.bits for every component; see configs/tc3.py)
+                   k.bits for every component; see configs/methods/tc3.py)
   attention.impl   xla | pallas (decode attention over the packed cache)
   attention.code_read  dequantize | lookup (how the XLA path reads vector
                    codes: lookup scores q . centroid tables and sums the

@@ -8,8 +8,8 @@ Records the full-precision model's pre-RoPE keys and queries on the last
 --num_calib_windows windows of the text (disjoint from the preset's
 evaluation windows, its first eval.num_windows; asserted) and writes
 WORKDIR/affine (orbax) + WORKDIR/key_stats.json. Presets load it with
-`cache.key_stats = WORKDIR` (see configs/tq4.py). --mode=range writes the
-calibrated per-channel ranges static keys need (see configs/kq4.py);
+`cache.key_stats = WORKDIR` (see configs/methods/tq4.py). --mode=range writes the
+calibrated per-channel ranges static keys need (see configs/methods/kq4.py);
 --rotation=pca adds a calibrated rotation per layer and kv head.
 """
 

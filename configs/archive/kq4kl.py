@@ -14,7 +14,7 @@ WORKSPACE.md "Calibrated rotations and KL-fitted key ranges"): dPPL +0.732
 0.9010 ± 0.0034; effective 4.213 bits at 512 tokens, 4.136 at 4096. kq4 in
 the same run: +0.680 [+0.537, +0.823], KL 0.0273 ± 0.0008.
 
-Needs kq4's key ranges (configs/kq4.py), then the fit (200 s):
+Needs kq4's key ranges (configs/methods/kq4.py), then the fit (200 s):
   python -m experiments.fit_keys --config=kq4 \\
       --workdir=runs/key_stats/smollm2-135m-range-kl \\
       --config.eval.num_windows=40 \\

@@ -16,7 +16,7 @@ WORKSPACE.md "KL-fitted codebooks and rotations"): dPPL +0.589 [+0.469,
 run: +0.680 [+0.537, +0.823], KL 0.0273 ± 0.0008: the CIs overlap and the
 KL is higher, so this is no measurable change, not a gain.
 
-Needs kq4's key ranges (configs/kq4.py), then the fit (420 s on the
+Needs kq4's key ranges (configs/methods/kq4.py), then the fit (420 s on the
 2-core CPU):
   python -m experiments.fit_keys --config=kq4 --fit=codebook \\
       --learning_rate=0.002 \\

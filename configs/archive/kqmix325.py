@@ -14,7 +14,7 @@ PPL 23.5115, KL 0.0875 ± 0.0028, top-1 0.8317 ± 0.0043; effective 3.238 bits a
 3.161 at 4096. tqmix325 (the tq recipe allocated the same way): +2.439 at 3.232
 bits, KL 0.0945.
 
-Key ranges: kq3's recipe, built on first use and cached (configs/kq3.py).
+Key ranges: kq3's recipe, built on first use and cached (configs/methods/kq3.py).
 Regenerate: experiments.layer_sensitivity --config=kq3 + experiments.allocate
 --budget=3.15 (WORKSPACE.md). Run: python -m experiments.run
 --config=kqmix325 --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw

@@ -12,7 +12,7 @@ Lloyd-Max codebooks and calibrated keys"): dPPL +9.457
 top-1 0.6926 ± 0.0057; effective 2.481 bits at 512 tokens, 2.425 at 4096.
 
 Key statistics: tq4's recipe, built on first use and cached
-(configs/tq4.py).
+(configs/methods/tq4.py).
 Regenerate: experiments.layer_sensitivity + experiments.allocate
 --budget=2.42 (WORKSPACE.md). Run: python -m experiments.run --config=tqmix250 \
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw

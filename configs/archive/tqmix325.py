@@ -12,7 +12,7 @@ Lloyd-Max codebooks and calibrated keys"): dPPL +2.439
 top-1 0.8175 ± 0.0043; effective 3.232 bits at 512 tokens, 3.175 at 4096.
 
 Key statistics: tq4's recipe, built on first use and cached
-(configs/tq4.py).
+(configs/methods/tq4.py).
 Regenerate: experiments.layer_sensitivity + experiments.allocate
 --budget=3.17 (WORKSPACE.md). Run: python -m experiments.run --config=tqmix325 \
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw

@@ -2,7 +2,7 @@
 
 The same 16-level set as llama.cpp's q4_0 (scale = signed max / -8), but not
 bit-exact with it: bfloat16 scales rounded up in magnitude and codes rounded
-half to even from the stored scale (rounding='kvq'). configs/q4_0.py is the
+half to even from the stored scale (rounding='kvq'). configs/formats/q4_0.py is the
 bit-exact q4_0.
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40

@@ -1,6 +1,6 @@
 """int4 K and V, asymmetric (scale + zero), groups of 32 along head_dim: 5.0 bits/element.
 
-q4_1's layout with bfloat16 scale and zero (configs/q4_1.py is the bit-exact
+q4_1's layout with bfloat16 scale and zero (configs/formats/q4_1.py is the bit-exact
 q4_1).
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40

@@ -74,6 +74,6 @@ def DEFINE_preset_config(name: str = "config", default: str | None = None,
 
 def preset_name(flag: str = "config") -> str:
   """The preset's short name as given (`int4_g32` for `--config=int4_g32` or
-  `--config=configs/int4_g32.py`), for run names and reports."""
+  `--config=configs/formats/int4_g32.py`), for run names and reports."""
   value = flags.FLAGS[flag].serialize().split("=", 1)[-1]
   return value.rsplit("/", 1)[-1].removesuffix(".py")

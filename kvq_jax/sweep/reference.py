@@ -9,7 +9,7 @@ per element include the block scales (q8_0: 34 bytes per 32 values). They
 are plotted as delta PPL against llama.cpp's own f16 cache.
 
 `kvq_point` names the kvq_jax point that stores the same values
-(configs/q8_0.py ... q5_1.py, checked value for value against gguf-py in
+(configs/formats/q8_0.py ... q5_1.py, checked value for value against gguf-py in
 tests/quant/test_ggml_exact.py; `q8_0/q4_0` is the K q8_0 + V q4_0 point),
 so a results table can print llama.cpp's ΔPPL beside ours when the
 evaluation follows the same protocol (`matches_llama_cpp_protocol`).

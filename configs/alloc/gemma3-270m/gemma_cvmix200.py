@@ -19,7 +19,7 @@ float32, one core of the 2-core CPU, sweep runs/issue34d/gemma_verify, one
 baseline pass, PPL 17.40): dPPL +4.07 [+3.66, +4.49], KL 0.2160 ± 0.0050,
 top-1 0.754; effective 1.98 bits at 512 tokens, 1.82 at 4096 (stored 1.89).
 Paired in the same run against the preset it replaces (`git show
-66f5ac1:configs/gemma_cvmix200.py`, +4.35 [+3.97, +4.75]): ΔNLL −0.0129 ±
+66f5ac1:configs/alloc/gemma3-270m/gemma_cvmix200.py`, +4.35 [+3.97, +4.75]): ΔNLL −0.0129 ±
 0.0059 nats (z −2.2), KL −0.0144 ± 0.0025 (z −5.7) (WORKSPACE.md "Gemma 3
 and Qwen re-allocated").
 

@@ -19,7 +19,7 @@ float32, one core of the 2-core CPU, sweep runs/issue34d/gemma_verify, one
 baseline pass, PPL 17.40): dPPL +1.68 [+1.54, +1.83], KL 0.0983 ± 0.0021,
 top-1 0.830; effective 2.47 bits at 512 tokens, 2.41 at 4096 (stored 2.39).
 Paired in the same run against the preset it replaces (`git show
-66f5ac1:configs/gemma_cvmix250.py`, +1.71 [+1.52, +1.91]): ΔNLL −0.0015 ±
+66f5ac1:configs/alloc/gemma3-270m/gemma_cvmix250.py`, +1.71 [+1.52, +1.91]): ΔNLL −0.0015 ±
 0.0031 nats (z −0.5, no measurable change), KL −0.0045 ± 0.0010 (z −4.3)
 (WORKSPACE.md "Gemma 3 and Qwen re-allocated").
 

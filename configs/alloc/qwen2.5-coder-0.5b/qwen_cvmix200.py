@@ -21,7 +21,7 @@ float32, one core of the 2-core CPU, sweep runs/issue34d/qwen_verify, one
 baseline pass, PPL 31.84): dPPL +1.74 [+0.94, +2.57], KL 0.2721 ± 0.0057,
 top-1 0.714; effective 2.00 bits at 512 tokens, 1.90 at 4096 (stored 1.89).
 Paired in the same run against the preset it replaces (`git show
-66f5ac1:configs/qwen_cvmix200.py`, +2.62 [+1.71, +3.55]): ΔNLL −0.0258 ±
+66f5ac1:configs/alloc/qwen2.5-coder-0.5b/qwen_cvmix200.py`, +2.62 [+1.71, +3.55]): ΔNLL −0.0258 ±
 0.0065 nats (z −4.0), KL −0.0337 ± 0.0029 (z −11.8) (WORKSPACE.md "Gemma 3
 and Qwen re-allocated").
 

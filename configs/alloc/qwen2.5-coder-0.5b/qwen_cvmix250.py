@@ -21,7 +21,7 @@ float32, one core of the 2-core CPU, sweep runs/issue34d/qwen_verify, one
 baseline pass, PPL 31.84): dPPL +0.40 [−0.12, +0.92] (no measurable change),
 KL 0.1167 ± 0.0026, top-1 0.810; effective 2.50 bits at 512 tokens, 2.41 at
 4096 (stored 2.40). Paired in the same run against the preset it replaces
-(`git show 66f5ac1:configs/qwen_cvmix250.py`, +0.88 [+0.40, +1.37]): ΔNLL
+(`git show 66f5ac1:configs/alloc/qwen2.5-coder-0.5b/qwen_cvmix250.py`, +0.88 [+0.40, +1.37]): ΔNLL
 −0.0148 ± 0.0061 nats (z −2.4), KL −0.0150 ± 0.0019 (z −8.1) (WORKSPACE.md
 "Gemma 3 and Qwen re-allocated").
 

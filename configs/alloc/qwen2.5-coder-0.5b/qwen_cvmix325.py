@@ -21,7 +21,7 @@ float32, one core of the 2-core CPU, sweep runs/issue34d/qwen_verify, one
 baseline pass, PPL 31.84): dPPL +0.03 [−0.28, +0.34] (no measurable change),
 KL 0.0478 ± 0.0015, top-1 0.876; effective 3.25 bits at 512 tokens, 3.15 at
 4096 (stored 3.14). Paired in the same run against the preset it replaces
-(`git show 66f5ac1:configs/qwen_cvmix325.py`, +0.22 [−0.07, +0.52]): ΔNLL
+(`git show 66f5ac1:configs/alloc/qwen2.5-coder-0.5b/qwen_cvmix325.py`, +0.22 [−0.07, +0.52]): ΔNLL
 −0.0061 ± 0.0037 nats (z −1.7, no measurable change), KL −0.0041 ± 0.0010 (z
 −4.2) (WORKSPACE.md "Gemma 3 and Qwen re-allocated").
 

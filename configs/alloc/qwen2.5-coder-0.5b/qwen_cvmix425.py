@@ -20,7 +20,7 @@ float32, one core of the 2-core CPU, sweep runs/issue34d/qwen_verify, one
 baseline pass, PPL 31.84): dPPL −0.19 [−0.36, −0.01], KL 0.0127 ± 0.0004,
 top-1 0.937; effective 4.25 bits at 512 tokens, 4.13 at 4096 (stored 4.12).
 Paired in the same run against the preset it replaces (`git show
-66f5ac1:configs/qwen_cvmix425.py`, −0.10 [−0.27, +0.07]): ΔNLL −0.0027 ±
+66f5ac1:configs/alloc/qwen2.5-coder-0.5b/qwen_cvmix425.py`, −0.10 [−0.27, +0.07]): ΔNLL −0.0027 ±
 0.0028 nats (z −1.0, no measurable change), KL −0.0014 ± 0.0003 (z −4.3)
 (WORKSPACE.md "Gemma 3 and Qwen re-allocated").
 

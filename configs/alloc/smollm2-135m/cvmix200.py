@@ -13,11 +13,11 @@ float32, one core of the 2-core CPU, sweep runs/issue34c/smol_verify, one
 baseline pass): dPPL +11.1 [+10.4, +11.8] against baseline PPL 23.5115,
 KL 0.384 ± 0.008, top-1 0.653 ± 0.006; effective 2.00 bits at 512 tokens,
 1.92 at 4096 (stored 1.91). Paired in the same run against the preset it
-replaces (`git show 036d497:configs/cvmix200.py`, +13.3): ΔNLL −0.063 ±
+replaces (`git show 036d497:configs/alloc/smollm2-135m/cvmix200.py`, +13.3): ΔNLL −0.063 ±
 0.006 nats (z −11.3), KL −0.056 ± 0.004. Still a 2-bit row, not a
 usable cache.
 
-Regenerate: as configs/cvmix250.py with --budget=2.0. Run: python -m
+Regenerate: as configs/alloc/smollm2-135m/cvmix250.py with --budget=2.0. Run: python -m
 experiments.run --config=cvmix200
 --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
 """

@@ -16,7 +16,7 @@ float32, one core of the 2-core CPU, sweep runs/issue34c/smol_verify, one
 baseline pass): dPPL +3.99 [+3.55, +4.45] against baseline PPL 23.5115,
 KL 0.157 ± 0.004, top-1 0.781 ± 0.003; effective 2.50 bits at 512
 tokens, 2.43 at 4096 (stored 2.41). Paired in the same run against the
-preset it replaces (`git show 036d497:configs/cvmix250.py`, +4.35): ΔNLL
+preset it replaces (`git show 036d497:configs/alloc/smollm2-135m/cvmix250.py`, +4.35): ΔNLL
 −0.0130 ± 0.0040 nats (z −3.2), KL −0.0206 ± 0.0022 (z −9.5). With the
 values' random Hadamard signs drawn from seeds 1 and 2 instead of 0
 (runs/issue34c/smol_verify_seeds): +3.60 and +3.91 (the replaced preset

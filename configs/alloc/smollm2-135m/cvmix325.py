@@ -13,10 +13,10 @@ float32, one core of the 2-core CPU, sweep runs/issue34c/smol_verify, one
 baseline pass): dPPL +1.18 [+0.94, +1.42] against baseline PPL 23.5115,
 KL 0.0614 ± 0.0014, top-1 0.855 ± 0.004; effective 3.25 bits at 512
 tokens, 3.17 at 4096 (stored 3.15). Paired in the same run against the
-preset it replaces (`git show 036d497:configs/cvmix325.py`, +1.46): ΔNLL
+preset it replaces (`git show 036d497:configs/alloc/smollm2-135m/cvmix325.py`, +1.46): ΔNLL
 −0.0113 ± 0.0047 nats (z −2.4), KL −0.0101 ± 0.0012 (z −8.1).
 
-Regenerate: as configs/cvmix250.py with --budget=3.25. Run: python -m
+Regenerate: as configs/alloc/smollm2-135m/cvmix250.py with --budget=3.25. Run: python -m
 experiments.run --config=cvmix325
 --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
 """

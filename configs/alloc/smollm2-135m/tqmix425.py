@@ -12,7 +12,7 @@ Lloyd-Max codebooks and calibrated keys"): dPPL +0.535
 top-1 0.9106 ± 0.0035; effective 4.235 bits at 512 tokens, 4.175 at 4096.
 
 Key statistics: tq4's recipe, built on first use and cached
-(configs/tq4.py).
+(configs/methods/tq4.py).
 Regenerate: experiments.layer_sensitivity + experiments.allocate
 --budget=4.17 (WORKSPACE.md). Run: python -m experiments.run --config=tqmix425 \
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw

@@ -12,7 +12,7 @@ Lloyd-Max codebooks and calibrated keys"): dPPL +0.261
 top-1 0.9412 ± 0.0025; effective 4.988 bits at 512 tokens, 4.926 at 4096.
 
 Key statistics: tq4's recipe, built on first use and cached
-(configs/tq4.py).
+(configs/methods/tq4.py).
 Regenerate: experiments.layer_sensitivity + experiments.allocate
 --budget=4.92 (WORKSPACE.md). Run: python -m experiments.run --config=tqmix500 \
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
