@@ -10,16 +10,6 @@ from kvq_jax.tasks import sandbox, sandbox_isolation
 from kvq_jax.tasks.sandbox import Limits, Program, run_program
 
 
-@pytest.fixture(params=[sandbox_isolation.BWRAP, sandbox_isolation.FALLBACK],
-                scope="module")
-def isolation(request):
-  if request.param == sandbox_isolation.BWRAP:
-    found = sandbox_isolation.probe_bwrap()
-    if found is None:
-      pytest.skip("bwrap is missing or cannot make namespaces here")
-    return found
-  return sandbox_isolation.probe_fallback()
-
 
 def test_a_correct_solution_passes(isolation):
   out = run_program(Program("def f(x):\n  return 2 * x\n",

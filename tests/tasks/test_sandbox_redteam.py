@@ -39,17 +39,7 @@ RIGHT = textwrap.dedent("""\
     return False
 """)
 LIMITS = Limits(timeout_s=3.0, cpu_s=3)
-KINDS = [sandbox_isolation.BWRAP, sandbox_isolation.FALLBACK]
 
-
-@pytest.fixture(params=KINDS, scope="module")
-def isolation(request):
-  if request.param == sandbox_isolation.BWRAP:
-    found = sandbox_isolation.probe_bwrap()
-    if found is None:
-      pytest.skip("bwrap is missing or cannot make namespaces here")
-    return found
-  return sandbox_isolation.probe_fallback()
 
 
 def _body(text: str) -> str:
