@@ -32,8 +32,8 @@ from kvq_jax.bench.timing import time_fn
 from kvq_jax.cache.attention import (block_attention, merge_states,
                                      planar_block_attention)
 from kvq_jax.cache.folded_attention import folded_block_attention, folds_scales
-from kvq_jax.cache.quantized import (read_planes, read_store, read_value_planes,
-                                     slice_store)
+from kvq_jax.cache.quantized_store import (read_planes, read_store,
+                                           read_value_planes, slice_store)
 from kvq_jax.cache.spec import to_cache_layout
 from kvq_jax.models.dtypes import DENSE_NAMES, dense_dtype_name
 from kvq_jax.quant import quantize

@@ -48,9 +48,9 @@ from flax import struct
 from kvq_jax.cache import hadamard
 from kvq_jax.cache.paged_store import (gather_block, gather_rows, pool_store,
                                        scatter_rows)
-from kvq_jax.cache.quantized import (QuantizedLayerCache, Store,
-                                     check_key_affine, empty_store,
-                                     token_group)
+from kvq_jax.cache.quantized import QuantizedLayerCache
+from kvq_jax.cache.quantized_keys import check_key_affine
+from kvq_jax.cache.quantized_store import Store, empty_store, token_group
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.kernels.dispatch import paged_pallas_unsupported_reason
 from kvq_jax.kernels.paged_decode_attention import paged_decode_attention

@@ -2,7 +2,9 @@
 
 Storage is heads-major, [B, K, C, H] (C = allocated slots, slot = token
 index), as `QuantizedArray`s (packed codes + per-group scales/zeros), or as a
-plain array when only one of K/V is quantized. Full-precision regions (see
+plain array when only one of K/V is quantized; its row operations are in
+`cache/quantized_store.py`, the key and query conventions (RoPE, key affine,
+Hadamard) in `cache/quantized_keys.py`. Full-precision regions (see
 `cache/spec.py`), in `spec.window_dtype`: `sink` slots for the first tokens
 and, per tensor x in {K, V}, a window holding its tokens [Q_x(n), n) not yet
 flushed to storage (Q_x uses x's own flush block F_x, so a token-local V is
@@ -44,7 +46,8 @@ Prefill (T > 1) always uses the loop.
 
 Sliding-window (local) layers use `cache/sliding_quantized.py`, which keeps
 the same formats and windows with ring-buffer storage, built on the helpers
-here (`fresh_tokens`, `incoming_tokens`, `keys_for_scores`, ...).
+here and in those two modules (`fresh_tokens`, `incoming_tokens`,
+`keys_for_scores`, ...).
 
 Positions: the cache assumes token i sits at position i (slot == position),
 which is what pre-RoPE keys are rotated with at read time. With
@@ -55,36 +58,35 @@ call).
 
 from __future__ import annotations
 
-import dataclasses
+from __future__ import annotations
+
 import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from kvq_jax.cache import hadamard
 from kvq_jax.cache.attention import (block_attention, merge_states,
-                                     per_iteration, planar_block_attention)
+                                     planar_block_attention)
 from kvq_jax.cache.code_lookup import lookup_block_attention, query_table
 from kvq_jax.cache.folded_attention import folded_block_attention, folds_scales
+from kvq_jax.cache.quantized_keys import (attention_output, check_key_affine,
+                                          check_positions, incoming_tokens,
+                                          keys_for_scores, pre_rope_key_planes,
+                                          scaled_queries)
+from kvq_jax.cache.quantized_store import (Store, commit_rows, empty_store,
+                                           per_block_scales, read_planes,
+                                           read_store, read_value_planes,
+                                           round_up, slice_store,
+                                           storage_rows, token_group)
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.kernels.decode_attention import DEFAULT_BLOCK_K, decode_attention
 from kvq_jax.kernels.dispatch import (choose_implementation,
                                       pallas_unsupported_reason,
                                       resolve_interpret)
 from kvq_jax.models.rope import Rope
-from kvq_jax.quant import (QuantizedArray, QuantSpec, constant_arrays,
-                           has_fixed_table,
-                           dequantize, quantize)
-from kvq_jax.quant.planes import dequantize_planes, nonfinite_rows, plane_count
-
-Store = QuantizedArray | jax.Array
-
-
-def round_up(x: int, m: int) -> int:
-  return -(-x // m) * m
-
+from kvq_jax.quant import QuantSpec, constant_arrays, has_fixed_table
 
 def committed_end(n: jax.Array, spec: LayerSpec,
                   flush: int | None = None) -> jax.Array:
@@ -95,274 +97,6 @@ def committed_end(n: jax.Array, spec: LayerSpec,
   s, r = spec.sink, spec.residual
   f = spec.flush_block if flush is None else flush
   return s + f * (jnp.maximum(0, n - s - r) // f)
-
-
-def check_positions(spec: LayerSpec, positions_BxT, length_B) -> None:
-  """ValueError if pre-RoPE keys would be rotated by the wrong positions.
-
-  With key_rope='pre' the cache rotates a stored key by its slot index at
-  read time, so token t of sequence b must sit at position length_b + t.
-  Only concrete (non-traced) arrays are checked.
-  """
-  if spec.key_rope != "pre" or isinstance(positions_BxT, jax.core.Tracer) \
-      or isinstance(length_B, jax.core.Tracer):
-    return
-  positions = np.asarray(positions_BxT)
-  expected = (np.asarray(length_B)[:, None]
-              + np.arange(positions.shape[1])[None, :])
-  if not np.array_equal(positions, expected):
-    raise ValueError(
-        "key_rope='pre' rotates stored keys by their slot index, so the "
-        "positions must equal length_b + [0, T) (got positions "
-        f"{positions.tolist()[:2]}..., expected {expected.tolist()[:2]}...); "
-        "use key_rope='post' for arbitrary positions.")
-
-
-def token_group(spec: QuantSpec | None) -> int:
-  if spec is not None and spec.granularity == "per_channel":
-    return spec.group_size
-  return 1
-
-
-def map_store(token_fn, group_fn, *stores: QuantizedArray) -> QuantizedArray:
-  """The first store with each leaf replaced by `token_fn` (data, outliers:
-  one row per token) or `group_fn` (scale, zero: one row per token group)
-  applied to that leaf of every store in turn; absent leaves stay None."""
-  def leaf(fn, name):
-    values = [getattr(st, name) for st in stores]
-    return None if values[0] is None else fn(*values)
-
-  return dataclasses.replace(
-      stores[0], data=leaf(token_fn, "data"), scale=leaf(group_fn, "scale"),
-      zero=leaf(group_fn, "zero"),
-      outlier_value=leaf(token_fn, "outlier_value"),
-      outlier_index=leaf(token_fn, "outlier_index"))
-
-
-def empty_store(spec: QuantSpec | None, shape, dtype) -> Store:
-  """All-zero storage (codes, scales and zeros 0), built without quantizing.
-
-  Quantizing a zeros constant inside `jit` would make XLA constant-fold the
-  whole reduction at compile time; zero leaves of the right shapes are equal.
-  """
-  if spec is None:
-    return jnp.zeros(shape, dtype)
-  abstract = jax.eval_shape(lambda: quantize(jnp.zeros(shape, dtype), spec))
-  return jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
-                                abstract)
-
-
-def _put_rows(dst: jax.Array, src: jax.Array, start: jax.Array,
-              end: jax.Array) -> jax.Array:
-  """dst[:, start:end] = src[:, :end - start] (one sequence, [K, C, ...]).
-
-  A scatter, except for one row into a bfloat16 leaf (scales, unquantized
-  tensors: a token-local decode step) on XLA:CPU: its float normalization
-  would convert the whole leaf to float32 and back around the scatter every
-  step (a pass over every slot, however few are filled), so the row is
-  selected into the leaf's uint16 view instead, as
-  `cache.dense.write_slots` does: bit-exact, and fused in place. Several
-  rows (prefill, a per-channel window's commit) still scatter: selecting
-  them would gather over every slot.
-  """
-  src = src.astype(dst.dtype)
-  if dst.dtype == jnp.bfloat16 and src.shape[1] == 1:
-    return jax.lax.platform_dependent(dst, src, start, end, cpu=_select_rows,
-                                      default=_scatter_rows)
-  return _scatter_rows(dst, src, start, end)
-
-
-def _scatter_rows(dst, src, start, end):
-  capacity, rows = dst.shape[1], src.shape[1]
-  row_L = jnp.arange(rows)
-  index_L = jnp.where(row_L < end - start, start + row_L, capacity)
-  return dst.at[:, index_L].set(src, mode="drop")  # out of range: dropped.
-
-
-def _select_rows(dst, src, start, end):
-  """`_put_rows` of one row: a select on the uint16 views."""
-  capacity = dst.shape[1]
-  offset_C = jnp.arange(capacity) - start
-  inside_C = (offset_C >= 0) & (offset_C < end - start)
-  bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16)
-  picked = jnp.broadcast_to(bits(src), dst.shape)
-  inside = inside_C.reshape((1, capacity) + (1,) * (dst.ndim - 2))
-  return jax.lax.bitcast_convert_type(jnp.where(inside, picked, bits(dst)),
-                                      jnp.bfloat16)
-
-
-def per_block_scales(stores, index: jax.Array):
-  """`stores` with their scales and zeros tied to the loop index
-  (`cache.attention.per_iteration`), so a storage loop converts them block
-  by block instead of converting the whole allocation's before the loop (a
-  pass over every slot per step, whatever the filled length). The codes
-  are left alone: XLA does not hoist their unpacking, and a barrier on them
-  stops the block's slice from fusing into its dequantization (slower
-  steps in a scratch timing; not kept)."""
-  def tie(store):
-    if not isinstance(store, QuantizedArray):
-      return store
-    scale, zero = per_iteration((store.scale, store.zero), index)
-    return dataclasses.replace(store, scale=scale, zero=zero)
-  return tuple(tie(store) for store in stores)
-
-
-def _commit_rows(store: Store, rows: Store, start: jax.Array, end: jax.Array,
-                 spec: QuantSpec | None) -> Store:
-  """Tokens [start, end) of storage <- rows [0, end - start) ([K, C, ...]
-  per sequence; start and end are multiples of the token group, so a
-  per-channel group's scale and zero commit only when it is whole)."""
-  if spec is None:
-    return _put_rows(store, rows, start, end)
-  g = token_group(spec)
-  return map_store(lambda d, r: _put_rows(d, r, start, end),
-                   lambda d, r: _put_rows(d, r, start // g, end // g),
-                   store, rows)
-
-
-def slice_store(store: Store, start: jax.Array, size: int,
-                 spec: QuantSpec | None, fill: bool = False) -> Store:
-  """Slots [start, start + size) of [B, K, C, ...] storage (start % g == 0).
-
-  `fill` reads slots past the allocation as zeros (a gather); otherwise the
-  slice must lie inside it (a dynamic slice, which would clamp the start).
-  `start` is a scalar, or [B] with `fill`.
-  """
-  def take(x, begin, length):
-    if not fill:
-      return jax.lax.dynamic_slice_in_dim(x, begin, length, axis=2)
-    index = jnp.reshape(begin, (-1, 1)) + jnp.arange(length)
-    index = jnp.broadcast_to(index, (x.shape[0], length))
-    return jax.vmap(lambda xb, ib: jnp.take(xb, ib, axis=1, mode="fill",
-                                            fill_value=0))(x, index)
-
-  if spec is None:
-    return take(store, start, size)
-  g = token_group(spec)
-  return map_store(lambda x: take(x, start, size),
-                   lambda x: take(x, start // g, size // g), store)
-
-
-def read_store(store: Store, spec: QuantSpec | None) -> jax.Array:
-  return (store if spec is None else dequantize(store, jnp.float32)).astype(
-      jnp.float32)
-
-
-def read_planes(store: Store, spec: QuantSpec | None) -> tuple[jax.Array, ...]:
-  """A block as float32 bit planes where its format packs several codes in
-  a byte (`quant.planes`), else as one dequantized plane."""
-  if plane_count(spec) > 1:
-    return dequantize_planes(store)
-  return (read_store(store, spec),)
-
-
-def read_value_planes(store: Store, spec: QuantSpec | None):
-  """(planes, bad rows or None): `read_planes` of a value block, and for bit
-  planes the rows with a non-finite scale or zero, zeroed in the planes
-  (`planar_block_attention`'s v_bad). Keys are not zeroed: a query that
-  sees a non-finite key gets a NaN score."""
-  planes = read_planes(store, spec)
-  if len(planes) == 1:
-    return planes, None
-  bad = nonfinite_rows(store)
-  return tuple(jnp.where(bad[..., None], 0.0, x) for x in planes), bad
-
-
-def pre_rope_key_planes(spec: LayerSpec, kb: Store, rope: Rope,
-                        cos_L: jax.Array, sin_L: jax.Array):
-  """A block of stored pre-RoPE keys, each rotated by its offset l in the
-  block ((cos, sin) [L, rotary_dim/2] of the offsets): as bit planes, each
-  turned by its strided angles (`Rope.rotate`), when the keys need nothing
-  else undone and the pairs stay inside a plane; else as one plane."""
-  p = plane_count(spec.k)
-  if (p > 1 and not spec.hadamard_k and spec.key_affine is None
-      and cos_L.shape[-1] % p == 0):
-    planes = read_planes(kb, spec.k)
-    return tuple(rope.rotate(x, cos_L[:, j::p], sin_L[:, j::p])
-                 for j, x in enumerate(planes))
-  return (rope.rotate(unrotated_keys(spec, read_store(kb, spec.k)), cos_L,
-                      sin_L),)
-
-
-def incoming_tokens(spec: LayerSpec, k_BxTxKxH: jax.Array,
-                    v_BxTxKxH: jax.Array, positions_BxT: jax.Array,
-                    rope: Rope) -> tuple[jax.Array, jax.Array]:
-  """The T new keys and values in the stored convention, [B, K, T, H] f32.
-
-  Keys are rotated by RoPE unless key_rope == 'pre', shifted and scaled by
-  the calibrated key affine if any; keys / values are Hadamard-rotated where
-  the spec asks.
-  """
-  k_new = k_BxTxKxH if spec.key_rope == "pre" else rope(k_BxTxKxH,
-                                                        positions_BxT)
-  k_new_BxKxTxH = jnp.swapaxes(k_new, 1, 2).astype(jnp.float32)
-  v_new_BxKxTxH = jnp.swapaxes(v_BxTxKxH, 1, 2).astype(jnp.float32)
-  if spec.key_affine is not None:
-    k_new_BxKxTxH = spec.key_affine.normalize(k_new_BxKxTxH)
-  if spec.hadamard_k:
-    k_new_BxKxTxH = hadamard.rotate(k_new_BxKxTxH, spec.rotation_key)
-  if spec.hadamard_v:
-    v_new_BxKxTxH = hadamard.rotate(v_new_BxKxTxH, spec.rotation_key)
-  return k_new_BxKxTxH, v_new_BxKxTxH
-
-
-def scaled_queries(spec: LayerSpec, q_BxTxNxH: jax.Array,
-                   num_kv_heads: int) -> jax.Array:
-  """q [B, K, G, T, H] float32, scaled by 1/sqrt(H), rotated like the keys
-  it is dotted with (Hadamard, for post-RoPE rotated keys)."""
-  b, t, n, h = q_BxTxNxH.shape
-  q = q_BxTxNxH.astype(jnp.float32) * (h ** -0.5)
-  if spec.hadamard_k and spec.key_rope == "post":
-    q = hadamard.rotate(q, spec.rotation_key)
-  return jnp.moveaxis(q.reshape(b, t, num_kv_heads, n // num_kv_heads, h), 1,
-                      3)
-
-
-def attention_output(spec: LayerSpec, state, q_BxTxNxH: jax.Array
-                     ) -> jax.Array:
-  """out_BxTxNxH in q's dtype from a merged softmax state (m, l, acc)."""
-  b, t, n, h = q_BxTxNxH.shape
-  _, l, acc = state
-  out_BxKxGxTxH = acc / l[..., None]
-  if spec.hadamard_v:
-    out_BxKxGxTxH = hadamard.unrotate(out_BxKxGxTxH, spec.rotation_key)
-  out = jnp.moveaxis(out_BxKxGxTxH, 3, 1).reshape(b, t, n, h)
-  return out.astype(q_BxTxNxH.dtype)
-
-
-def keys_for_scores(spec: LayerSpec, k_BxKxLxH: jax.Array,
-                    tokens_BxL: jax.Array, rope: Rope) -> jax.Array:
-  """Stored-convention keys -> keys to dot with the (rotated) query.
-
-  Pre-RoPE keys are rotated by their token index (== position, see
-  `check_positions`), after undoing their Hadamard rotation.
-  """
-  if spec.key_rope == "pre":
-    k_BxLxKxH = rope(jnp.swapaxes(unrotated_keys(spec, k_BxKxLxH), 1, 2),
-                     tokens_BxL)
-    return jnp.swapaxes(k_BxLxKxH, 1, 2).astype(jnp.float32)
-  return k_BxKxLxH
-
-
-def unrotated_keys(spec: LayerSpec, k_BxKxLxH: jax.Array) -> jax.Array:
-  """Stored pre-RoPE keys with their Hadamard rotation and key affine
-  undone: the keys RoPE is applied to."""
-  if spec.hadamard_k:
-    k_BxKxLxH = hadamard.unrotate(k_BxKxLxH, spec.rotation_key)
-  if spec.key_affine is not None:
-    k_BxKxLxH = spec.key_affine.denormalize(k_BxKxLxH)
-  return k_BxKxLxH
-
-
-def check_key_affine(spec: LayerSpec, num_kv_heads: int,
-                     head_dim: int) -> None:
-  """ValueError if the layer's key affine was calibrated for other shapes."""
-  affine = spec.key_affine
-  if affine is not None and affine.shape != (num_kv_heads, head_dim):
-    raise ValueError(
-        f"key affine of shape {affine.shape} for a cache of {num_kv_heads} kv "
-        f"heads x head_dim {head_dim}: calibrated for another model; "
-        "allowed: key stats calibrated on this model.")
 
 
 def layer_constants(spec: LayerSpec, head_dim: int) -> list:
@@ -380,14 +114,6 @@ def layer_fixed_tables(spec: LayerSpec, head_dim: int) -> list:
   `QuantizedLayerCache.fixed_tables`): one copy per model."""
   return [a for q in (spec.k, spec.v) if has_fixed_table(q)
           for a in constant_arrays(q, head_dim)]
-
-
-def storage_rows(e_KxLxH: jax.Array, qspec: QuantSpec | None,
-                 dtype) -> Store:
-  """Rows of E as storage receives them: quantized, or cast to `dtype` for
-  an unquantized tensor."""
-  e = e_KxLxH.astype(dtype)
-  return e if qspec is None else quantize(e, qspec)
 
 
 def fresh_tokens(win_KxWxH: jax.Array, n0: jax.Array, new_KxTxH: jax.Array,
@@ -565,8 +291,8 @@ class QuantizedLayerCache:
   def _commit(self, store: Store, rows_B: Store, start_B: jax.Array,
               end_B: jax.Array, qspec: QuantSpec | None) -> Store:
     """Tokens [start_b, end_b) of sequence b's storage <- rows_B[b]'s first
-    end_b - start_b rows (`_commit_rows` per sequence)."""
-    return jax.vmap(lambda st, r, a, e: _commit_rows(st, r, a, e, qspec))(
+    end_b - start_b rows (`commit_rows` per sequence)."""
+    return jax.vmap(lambda st, r, a, e: commit_rows(st, r, a, e, qspec))(
         store, rows_B, start_B, end_B)
 
   def _storage_block(self, store: Store, start: jax.Array, size: int,
@@ -773,4 +499,3 @@ class QuantizedLayerCache:
     # softmax-normalized: m = lse, l = 1 (lse = -inf, out = 0 when empty).
     m = lse_BxKxG[..., None]
     return m, jnp.ones_like(m), out_BxKxGxH[..., None, :]
-

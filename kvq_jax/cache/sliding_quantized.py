@@ -66,13 +66,13 @@ from flax import struct
 
 from kvq_jax.cache import hadamard
 from kvq_jax.cache.attention import band_mask, block_attention, merge_states
-from kvq_jax.cache.quantized import (Store, attention_output, check_key_affine,
-                                     check_positions, committed_end,
-                                     empty_store, fresh_tokens, incoming_tokens,
-                                     keys_for_scores, layer_constants,
-                                     layer_fixed_tables,
-                                     map_store, read_store, round_up,
-                                     scaled_queries, token_group)
+from kvq_jax.cache.quantized import (committed_end, fresh_tokens,
+                                     layer_constants, layer_fixed_tables)
+from kvq_jax.cache.quantized_keys import (attention_output, check_key_affine,
+                                          check_positions, incoming_tokens,
+                                          keys_for_scores, scaled_queries)
+from kvq_jax.cache.quantized_store import (Store, empty_store, map_store,
+                                           read_store, round_up, token_group)
 from kvq_jax.cache.sliding import check_window, ring_update
 from kvq_jax.cache.spec import LayerSpec
 from kvq_jax.kernels.dispatch import choose_implementation

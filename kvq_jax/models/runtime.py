@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kvq_jax.cache.base import LayerCache, check_capacity
-from kvq_jax.cache.quantized import check_positions
+from kvq_jax.cache.quantized_keys import check_positions
 from kvq_jax.models.decoder import Decoder
 
 

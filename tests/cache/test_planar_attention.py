@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kvq_jax.cache import quantized
+from kvq_jax.cache import quantized_keys, quantized_store
 from kvq_jax.cache.attention import block_attention, planar_block_attention
-from kvq_jax.cache.quantized import (QuantizedLayerCache, read_planes,
-                                     read_value_planes)
+from kvq_jax.cache.quantized import QuantizedLayerCache
+from kvq_jax.cache.quantized_store import read_planes, read_value_planes
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.models.rope import Rope
 from kvq_jax.quant import QuantSpec, dequantize, quantize
@@ -83,9 +83,10 @@ def test_cache_decode_matches_the_dequantized_path(monkeypatch, key_rope):
       *prefill, rope)
   planar, _ = cache.attend(*step, rope)
   if key_rope == "pre":  # The keys are read as 4 turned planes.
-    assert len(quantized.pre_rope_key_planes(
+    assert len(quantized_keys.pre_rope_key_planes(
         spec, cache.k_store, rope, *rope.cos_sin(jnp.arange(256)))) == 4
-  monkeypatch.setattr(quantized, "plane_count", lambda s: 0)
+  for module in (quantized_keys, quantized_store):
+    monkeypatch.setattr(module, "plane_count", lambda s: 0)
   dequantized, _ = cache.attend(*step, rope)
   np.testing.assert_allclose(np.asarray(planar), np.asarray(dequantized),
                              rtol=1e-5, atol=1e-5)

@@ -5,7 +5,7 @@ whole buffer may be hoisted out of it (`cache.attention.per_iteration`).
 Before that barrier, XLA converted every bfloat16 scale of the whole
 allocation to float32 once per step, before the loop, and the write of the
 new token's bfloat16 scale converted the whole scale leaf to float32 and
-back (now a select on its uint16 view, `cache.quantized._put_rows`): an
+back (now a select on its uint16 view, `cache.quantized_store._put_rows`): an
 int8 step at 64k slots held 0.9 MiB more temporaries than at 4k.
 Not covered: a KIVI layout (per-channel K committed under `lax.cond`, one
 group at a time) still copies its V scales and zeros once per step (XLA's
