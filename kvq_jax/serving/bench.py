@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kvq_jax.bench.process_memory import peak_rss_gib, reset_peak_rss
-from kvq_jax.cache.paged_model import (init_paged_cache, pool_bytes,
+from kvq_jax.cache.paged.model import (init_paged_cache, pool_bytes,
                                        slot_fields)
 from kvq_jax.capacity.memory import effective_bytes
 from kvq_jax.models.runtime import Runtime

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from kvq_jax.bench.timing import machine_description
-from kvq_jax.cache.paged import page_size_reason
-from kvq_jax.cache.paged_model import paged_layer_spec
+from kvq_jax.cache.paged.layer import page_size_reason
+from kvq_jax.cache.paged.model import paged_layer_spec
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.windows import text_ids
 from kvq_jax.facade import load_model

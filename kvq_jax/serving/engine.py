@@ -48,8 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kvq_jax.cache.paged import DEFAULT_PAGE_SIZE, PagedLayerCache
-from kvq_jax.cache.paged_model import (init_paged_cache, reset_slots,
+from kvq_jax.cache.paged.layer import DEFAULT_PAGE_SIZE, PagedLayerCache
+from kvq_jax.cache.paged.model import (init_paged_cache, reset_slots,
                                        with_block_table)
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.models.runtime import Runtime

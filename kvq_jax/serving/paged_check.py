@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from kvq_jax.cache.factory import layer_cache
-from kvq_jax.cache.paged import PagedLayerCache
-from kvq_jax.cache.paged_model import (merge_slots, paged_layer_spec,
+from kvq_jax.cache.paged.layer import PagedLayerCache
+from kvq_jax.cache.paged.model import (merge_slots, paged_layer_spec,
                                        select_slots, with_block_table)
 from kvq_jax.cache.key_stats_recipe import recipe_shape
 from kvq_jax.cache.spec import CacheSpec, LayerSpec

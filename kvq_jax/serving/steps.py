@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kvq_jax.cache.paged_model import merge_slots, select_slots, slot_fields
+from kvq_jax.cache.paged.model import merge_slots, select_slots, slot_fields
 
 
 def pick_tokens(logits_BxV, seed_B, step_B, temperature_B):

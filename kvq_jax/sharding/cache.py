@@ -27,7 +27,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from kvq_jax.cache.dense import DenseLayerCache
-from kvq_jax.cache.paged import PagedLayerCache
+from kvq_jax.cache.paged.layer import PagedLayerCache
 from kvq_jax.cache.quantized import QuantizedLayerCache
 from kvq_jax.cache.sliding import SlidingDenseLayerCache
 from kvq_jax.cache.sliding_quantized import SlidingQuantizedLayerCache

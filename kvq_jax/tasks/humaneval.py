@@ -39,7 +39,7 @@ from absl import logging
 
 from kvq_jax.bench.process_memory import peak_rss_gib
 from kvq_jax.bench.timing import machine_description
-from kvq_jax.cache.paged import DEFAULT_PAGE_SIZE
+from kvq_jax.cache.paged.layer import DEFAULT_PAGE_SIZE
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.calibration import auto_key_stats
 from kvq_jax.capacity.memory import effective_bits

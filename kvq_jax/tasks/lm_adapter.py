@@ -34,7 +34,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from kvq_jax.cache.paged import DEFAULT_PAGE_SIZE
+from kvq_jax.cache.paged.layer import DEFAULT_PAGE_SIZE
 from kvq_jax.cache.spec import CacheSpec
 from kvq_jax.facade import LoadedModel, window_forward
 from kvq_jax.models.runtime import Runtime

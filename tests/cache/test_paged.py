@@ -1,4 +1,4 @@
-"""The paged cache (`cache/paged.py`) equals the contiguous caches.
+"""The paged cache (`cache/paged/layer.py`) equals the contiguous caches.
 
 Layer level (`kvq_jax.serving.paged_check`): ragged prefill, a chunk and 64
 decode steps on SmolLM2's layer shapes, pages scattered at random in the
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from kvq_jax.cache.factory import init_cache
-from kvq_jax.cache.paged import PagedLayerCache, page_size_reason
-from kvq_jax.cache.paged_model import (init_paged_cache, reset_slots,
+from kvq_jax.cache.paged.layer import PagedLayerCache, page_size_reason
+from kvq_jax.cache.paged.model import (init_paged_cache, reset_slots,
                                        select_slots, with_block_table)
 from kvq_jax.cache.spec import CacheSpec, LayerSpec
 from kvq_jax.quant import QuantSpec

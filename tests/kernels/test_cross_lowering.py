@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from kvq_jax.cache.paged_store import pool_store
+from kvq_jax.cache.paged.store import pool_store
 from kvq_jax.kernels.decode_attention import (decode_attention,
                                               decode_attention_dense,
                                               decode_attention_supported)

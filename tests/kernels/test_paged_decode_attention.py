@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kvq_jax.cache.paged_store import pool_store
+from kvq_jax.cache.paged.store import pool_store
 from kvq_jax.kernels.decode_attention import decode_attention
 from kvq_jax.kernels.paged_decode_attention import (
     paged_decode_attention, paged_decode_attention_reference,

@@ -31,7 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kvq_jax.cache.factory import init_cache  # noqa: E402
-from kvq_jax.cache.paged_model import (init_paged_cache,  # noqa: E402
+from kvq_jax.cache.paged.model import (init_paged_cache,  # noqa: E402
                                        with_block_table)
 from kvq_jax.cache.spec import CacheSpec  # noqa: E402
 from kvq_jax.models.config import ModelConfig  # noqa: E402

@@ -26,7 +26,7 @@ import numpy as np
 
 from kvq_jax.cache import init_layer_caches
 from kvq_jax.cache.factory import layer_cache
-from kvq_jax.cache.paged import DEFAULT_PAGE_SIZE, PagedLayerCache
+from kvq_jax.cache.paged.layer import DEFAULT_PAGE_SIZE, PagedLayerCache
 from kvq_jax.cache.spec import CacheSpec, LayerSpec
 from kvq_jax.models.config import ModelConfig
 

@@ -2,7 +2,7 @@
 
 The storage -- packed codes, scales, zeros, outliers, or a plain
 full-precision store -- lives in a pool of N pages of P tokens
-(`cache/paged_store.py`), shared by every slot; a block table [B, M] and
+(`cache/paged/store.py`), shared by every slot; a block table [B, M] and
 the lengths say which pages hold which slot's tokens. Everything that
 belongs to one request stays per slot, as in the contiguous cache: its
 full-precision sink and residual / flush windows. The arithmetic is the
@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from kvq_jax.cache import hadamard
-from kvq_jax.cache.paged_store import (gather_block, gather_rows, pool_store,
+from kvq_jax.cache.paged.store import (gather_block, gather_rows, pool_store,
                                        scatter_rows)
 from kvq_jax.cache.quantized import QuantizedLayerCache
 from kvq_jax.cache.quantized_keys import check_key_affine
