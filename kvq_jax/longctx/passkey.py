@@ -39,7 +39,8 @@ trained range when context = max_position_embeddings).
 Outputs in workdir: passkey.csv (one row per preset x context x depth,
 baseline rows included), passkey.json (the same plus every sample's key and
 answer), passkey_baseline.png and passkey_<preset>.png (accuracy heatmaps,
-context x depth, each preset beside the baseline), summary.md, config.json.
+context x depth, each preset beside the baseline; `longctx/passkey_plot.py`),
+summary.md (`longctx/passkey_table.py`, with the CSV's rows), config.json.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ from kvq_jax.cli.progress import ProgressBar
 from kvq_jax.eval.corpus import load_eval_text
 from kvq_jax.eval.windows import text_ids
 from kvq_jax.longctx import decoding
+from kvq_jax.longctx.passkey_plot import passkey_plot
+from kvq_jax.longctx.passkey_table import cell_rows, summary_markdown
 from kvq_jax.models.runtime import Runtime
-from kvq_jax.research.heatmap import plot_heatmaps
 
 TASK = ("There is an important info hidden inside a lot of irrelevant text. "
         "Find it and memorize them. I will quiz you about the important "
@@ -81,7 +83,6 @@ PRESETS_ON = ("all", "baseline_correct")
 SNAP_TOKENS = 48
 _SENTENCE_END = (".", "!", "?", "\n")
 _DIGITS = re.compile(r"\d+")
-DAGGER = "\u2020"  # Marks a cell the baseline fails.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,123 +286,6 @@ def make_prompts(tokenizer, filler: FillerSource,
           for j in range(request.keys_per_cell)]
 
 
-def cell_rows(samples: Sequence[dict], presets: Sequence[str]
-              ) -> list[dict]:
-  """One row per preset x context x depth (the baseline's rows first).
-
-  Every row carries the baseline's score of the same cell; both_correct
-  counts the samples the preset and the baseline both got right.
-  """
-  by_key: dict[tuple, list[dict]] = {}
-  for s in samples:
-    by_key.setdefault((s["preset"], s["context"], s["depth"]), []).append(s)
-  cells = sorted({(s["context"], s["depth"]) for s in samples})
-  rows = []
-  for preset in presets:
-    for context, depth in cells:
-      # Empty for a preset run only where the baseline is right
-      # (--presets_on=baseline_correct) in a cell the baseline fails.
-      mine = by_key.get((preset, context, depth), [])
-      base = by_key[(decoding.BASELINE, context, depth)]
-      base_ok = {s["index"] for s in base if s["correct"]}
-      correct = sum(s["correct"] for s in mine)
-      rows.append({
-          "preset": preset, "context": context, "depth": depth,
-          "needle_depth": float(np.mean([s["needle_depth"] for s in base])),
-          "correct": correct, "total": len(mine),
-          "accuracy": correct / len(mine) if mine else float("nan"),
-          "baseline_correct": len(base_ok), "baseline_total": len(base),
-          "baseline_accuracy": len(base_ok) / len(base),
-          "both_correct": sum(s["correct"] and s["index"] in base_ok
-                              for s in mine),
-          "baseline_fails": len(base_ok) < len(base)})
-  return rows
-
-
-def _matrix(rows: Sequence[dict], preset: str, contexts: Sequence[int],
-            depths: Sequence[int]) -> np.ndarray:
-  acc = {(r["context"], r["depth"]): r["accuracy"] for r in rows
-         if r["preset"] == preset}
-  return np.asarray([[acc.get((c, d), np.nan) for d in depths]
-                     for c in contexts], float)
-
-
-def _plot(path: pathlib.Path, rows: Sequence[dict], presets: Sequence[str],
-          request: PasskeyRequest, title: str) -> None:
-  panels = [(p, _matrix(rows, p, request.contexts, request.depths),
-             [f"{d}%" for d in request.depths]) for p in presets]
-  plot_heatmaps(path, panels, title,
-                row_labels=[str(c) for c in request.contexts],
-                ylabel="context (tokens)",
-                xlabel="depth of the key (percent of the filler)",
-                value_range=(0.0, 1.0),
-                cell_text=lambda v: f"{v:.2f}")
-
-
-def _cell_table(rows: Sequence[dict], preset: str,
-                request: PasskeyRequest) -> list[str]:
-  by_cell = {(r["context"], r["depth"]): r for r in rows
-             if r["preset"] == preset}
-  lines = ["| context \\ depth | " + " | ".join(
-      f"{d}%" for d in request.depths) + " |",
-           "|---:|" + "---:|" * len(request.depths)]
-  for c in request.contexts:
-    cells = []
-    for d in request.depths:
-      r = by_cell[(c, d)]
-      failed = r["baseline_fails"] and preset != decoding.BASELINE
-      mark = f" {DAGGER}" if failed else ""
-      cells.append(f"{r['correct']}/{r['total']}{mark}" if r["total"]
-                   else "—")
-    lines.append(f"| {c} | " + " | ".join(cells) + " |")
-  return lines
-
-
-def summary_markdown(rows: Sequence[dict], presets: Sequence[str],
-                     request: PasskeyRequest, header: dict,
-                     info: dict) -> str:
-  """summary.md: one context x depth table per preset, baseline first."""
-  lines = [
-      f"# Passkey retrieval: {header['model']}", "",
-      f"Filler: {header['filler']}; {request.keys_per_cell} keys per cell "
-      f"(seed {request.seed}); greedy answer of {request.answer_tokens} "
-      "tokens, exact match of the 5 digits; prompts prefilled in chunks of "
-      f"{request.prefill_chunk}, then one decode step per token.",
-      "Cells: correct/total; rows: context (tokens, BOS included), columns: "
-      "depth of the key sentence (percent of the filler).", ""]
-  if request.presets_on == "baseline_correct":
-    lines[-1:-1] = [
-        "Presets answer only the prompts the baseline answers correctly "
-        "(--presets_on=baseline_correct): a preset's k/n is k of those n; "
-        "— marks a cell where the baseline answers none."]
-  lines += decoding.info_lines(info)
-  failed = [r for r in rows
-            if r["preset"] == decoding.BASELINE and r["baseline_fails"]]
-  for preset in presets:
-    lines += ["", f"## {preset}", ""]
-    lines += _cell_table(rows, preset, request)
-    mine = [r for r in rows if r["preset"] == preset]
-    correct = sum(r["correct"] for r in mine)
-    total = sum(r["total"] for r in mine)
-    lines += ["", f"Overall {correct}/{total}."]
-    if preset != decoding.BASELINE:
-      base_ok = sum(r["baseline_correct"] for r in mine)
-      both = sum(r["both_correct"] for r in mine)
-      lines.append(f"Of the {base_ok} samples the baseline answers "
-                   f"correctly, {preset} answers {both}.")
-  lines += [""]
-  if failed:
-    cells = ", ".join(f"{r['context']} tokens at {r['depth']}% "
-                      f"({r['correct']}/{r['total']})" for r in failed)
-    lines.append(
-        f"{DAGGER} The baseline (full-precision cache) itself fails these "
-        f"cells: {cells}. There a preset's score tells nothing about the "
-        "cache (a preset that answers where the baseline does not only "
-        "differs from it).")
-  else:
-    lines.append("The baseline answers every sample correctly.")
-  return "\n".join(lines) + "\n"
-
 
 @dataclasses.dataclass(frozen=True)
 class _Answers:
@@ -513,11 +397,11 @@ def run_passkey(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
       "max_position_embeddings": lm.config.max_position_embeddings,
       **info, "rows": rows, "samples": samples}, indent=2) + "\n")
   title = f"{model_name}: passkey accuracy ({filler.description})"
-  _plot(out / "passkey_baseline.png", rows, [decoding.BASELINE], request,
-        title)
+  passkey_plot(out / "passkey_baseline.png", rows, [decoding.BASELINE],
+               request, title)
   for preset in names[1:]:
-    _plot(out / f"passkey_{decoding.file_stem(preset)}.png", rows,
-          [decoding.BASELINE, preset], request, title)
+    passkey_plot(out / f"passkey_{decoding.file_stem(preset)}.png", rows,
+                 [decoding.BASELINE, preset], request, title)
   summary = summary_markdown(rows, names, request, header, info)
   (out / "summary.md").write_text(summary)
   (out / "config.json").write_text(
