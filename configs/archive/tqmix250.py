@@ -17,7 +17,7 @@ Regenerate: experiments.layer_sensitivity + experiments.allocate
 --budget=2.42 (WORKSPACE.md). Run: python -m experiments.run --config=tqmix250 \
   --eval_data=../shared/data/wikitext-2-raw/wiki.test.raw
 
-Archived: superseded by cvmix250: +9.46 [+8.63, +10.30] at 2.48 bits against cvmix250's +3.99 [+3.55, +4.45] at 2.50 (README "Rotations, Lloyd-Max codebooks, calibrated keys" and cvmix250's docstring; each from a 40 x 512 WikiText-2 sweep on the same windows, not one paired run).
+Archived: superseded by cvmix250: +9.46 [+8.63, +10.30] at 2.48 bits against cvmix250's +3.99 [+3.55, +4.45] at 2.50 (results/rotations_and_codebooks.md and cvmix250's docstring; each from a 40 x 512 WikiText-2 sweep on the same windows, not one paired run).
 """
 
 from __future__ import annotations
