@@ -16,7 +16,7 @@ the last 4 windows of the text, disjoint from the evaluation), as
 
 Measured on SmolLM2-135M-Instruct (first 40 windows of 512 of WikiText-2
 test, second half scored; sweep `runs/issue34/sweep_alloc`, the command in
-WORKSPACE.md "Transform coding of keys", as `int3_st/int3_lm` under
+results/below_3.5_bits.md "Transform coding of keys", as `int3_st/int3_lm` under
 `--config=tc3 --config.cache.key_stats=auto:mode=transform`): 3.24
 effective bits per element at 512 tokens, 3.14 at 4096 (stored 3.125),
 dPPL +1.72 [+1.38, +2.07] against the float32 cache, KL 0.0764

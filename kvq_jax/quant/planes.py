@@ -10,7 +10,7 @@ over the last axis splits exactly into one dot per plane:
   q . x = sum_j q[j::P] . x[j::P]
 
 `cache.attention.planar_block_attention` consumes them; measured in
-WORKSPACE.md "Decode speed on this CPU" (`experiments.profile_read`).
+results/decode_speed_and_kernels.md "Decode speed on this CPU" (`experiments.profile_read`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ top-1 0.830; effective 2.47 bits at 512 tokens, 2.41 at 4096 (stored 2.39).
 Paired in the same run against the preset it replaces (`git show
 66f5ac1:configs/alloc/gemma3-270m/gemma_cvmix250.py`, +1.71 [+1.52, +1.91]): ΔNLL −0.0015 ±
 0.0031 nats (z −0.5, no measurable change), KL −0.0045 ± 0.0010 (z −4.3)
-(WORKSPACE.md "Gemma 3 and Qwen re-allocated").
+(results/below_3.5_bits.md "Gemma 3 and Qwen re-allocated").
 
 Regenerate: experiments.layer_sensitivity --config=ca3 --model=gemma3-270m
 --from_end --noall_but_one --config.eval.num_windows=2

@@ -21,7 +21,7 @@ top-1 0.889; effective 3.23 bits at 512 tokens, 3.11 at 4096 (stored 3.13).
 Paired in the same run against the preset it replaces (`git show
 66f5ac1:configs/alloc/gemma3-270m/gemma_cvmix325.py`, +0.78 [+0.63, +0.94]): ΔNLL −0.0054 ±
 0.0029 nats (z −1.9, no measurable change), KL −0.0040 ± 0.0009 (z −4.5)
-(WORKSPACE.md "Gemma 3 and Qwen re-allocated").
+(results/below_3.5_bits.md "Gemma 3 and Qwen re-allocated").
 
 Regenerate: as gemma_cvmix250 (the same table, runs/issue34d/gemma_sens16)
 with --budget=3.25. Run: python -m experiments.run --config=gemma_cvmix325

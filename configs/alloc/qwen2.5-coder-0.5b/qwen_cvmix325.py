@@ -23,7 +23,7 @@ KL 0.0478 ± 0.0015, top-1 0.876; effective 3.25 bits at 512 tokens, 3.15 at
 4096 (stored 3.14). Paired in the same run against the preset it replaces
 (`git show 66f5ac1:configs/alloc/qwen2.5-coder-0.5b/qwen_cvmix325.py`, +0.22 [−0.07, +0.52]): ΔNLL
 −0.0061 ± 0.0037 nats (z −1.7, no measurable change), KL −0.0041 ± 0.0010 (z
-−4.2) (WORKSPACE.md "Gemma 3 and Qwen re-allocated").
+−4.2) (results/below_3.5_bits.md "Gemma 3 and Qwen re-allocated").
 
 Regenerate: as qwen_cvmix250 (the same table, runs/issue34d/qwen_sens16)
 with --budget=3.25. Run: python -m experiments.run --config=qwen_cvmix325

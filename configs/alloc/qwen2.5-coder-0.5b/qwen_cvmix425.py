@@ -22,7 +22,7 @@ top-1 0.937; effective 4.25 bits at 512 tokens, 4.13 at 4096 (stored 4.12).
 Paired in the same run against the preset it replaces (`git show
 66f5ac1:configs/alloc/qwen2.5-coder-0.5b/qwen_cvmix425.py`, −0.10 [−0.27, +0.07]): ΔNLL −0.0027 ±
 0.0028 nats (z −1.0, no measurable change), KL −0.0014 ± 0.0003 (z −4.3)
-(WORKSPACE.md "Gemma 3 and Qwen re-allocated").
+(results/below_3.5_bits.md "Gemma 3 and Qwen re-allocated").
 
 Regenerate: as qwen_cvmix250 (the same table, runs/issue34d/qwen_sens16)
 with --budget=4.25. Run: python -m experiments.run --config=qwen_cvmix425

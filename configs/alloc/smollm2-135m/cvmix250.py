@@ -22,7 +22,7 @@ values' random Hadamard signs drawn from seeds 1 and 2 instead of 0
 (runs/issue34c/smol_verify_seeds): +3.60 and +3.91 (the replaced preset
 +4.32 and +4.72); over the three seeds +3.83 against +4.46, paired
 −0.0228 ± 0.0029 nats, KL −0.0203 ± 0.0014. Which part bought what:
-WORKSPACE.md "Fewer bits for the constants".
+results/below_3.5_bits.md "Fewer bits for the constants".
 
 Regenerate: experiments.layer_sensitivity --config=ca3 --from_end
 --noall_but_one --config.eval.num_windows=2
