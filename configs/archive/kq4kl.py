@@ -9,7 +9,7 @@ the record: on the evaluation windows it does NOT help.
 
 Measured (SmolLM2-135M-Instruct, WikiText-2 test, first 40 windows x 512,
 second-half scoring, float32, 2-core CPU; sweep `runs/issue14/sweep_m45`,
-WORKSPACE.md "Calibrated rotations and KL-fitted key ranges"): dPPL +0.732
+results/rotations_and_codebooks.md "Calibrated rotations and KL-fitted key ranges"): dPPL +0.732
 [+0.562, +0.903] against baseline PPL 23.5115, KL 0.0295 ± 0.0014, top-1
 0.9010 ± 0.0034; effective 4.213 bits at 512 tokens, 4.136 at 4096. kq4 in
 the same run: +0.680 [+0.537, +0.823], KL 0.0273 ± 0.0008.

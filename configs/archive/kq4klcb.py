@@ -10,7 +10,7 @@ effective bits. The fit lowered the KL on its own 16 windows from
 
 Measured (SmolLM2-135M-Instruct, WikiText-2 test, first 40 windows x 512,
 second-half scoring, float32, 2-core CPU; sweep `runs/issue14/sweep_m5b`,
-WORKSPACE.md "KL-fitted codebooks and rotations"): dPPL +0.589 [+0.469,
+results/rotations_and_codebooks.md "KL-fitted codebooks and rotations"): dPPL +0.589 [+0.469,
 +0.710] against baseline PPL 23.5115, KL 0.0288 ± 0.0012, top-1 0.8992 ±
 0.0036; effective 4.216 bits at 512 tokens, 4.136 at 4096. kq4 in the same
 run: +0.680 [+0.537, +0.823], KL 0.0273 ± 0.0008: the CIs overlap and the

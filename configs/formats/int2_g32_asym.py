@@ -2,7 +2,7 @@
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
 windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
-all presets, command in WORKSPACE.md "Results"): dPPL +177 [+164, +190] against
+all presets, command in results/formats.md "Results"): dPPL +177 [+164, +190] against
 baseline PPL 23.5115, KL 2.046 ± 0.034, top-1 0.2770 ± 0.0074; stored 3.00
 bits/element, effective 3.00 at 512 tokens and 3.00 at 4096. Full precision: K:
 none; V: none.

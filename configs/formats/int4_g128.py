@@ -5,7 +5,7 @@ whole (token, head) vector, i.e. per_token: 4.25 bits/element at head_dim 64.
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
 windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
-all presets, command in WORKSPACE.md "Results"): dPPL +6.34 [+5.84, +6.84]
+all presets, command in results/formats.md "Results"): dPPL +6.34 [+5.84, +6.84]
 against baseline PPL 23.5115, KL 0.2091 ± 0.0049, top-1 0.7485 ± 0.0051; stored
 4.25 bits/element, effective 4.25 at 512 tokens and 4.25 at 4096. Full
 precision: K: none; V: none.

@@ -5,7 +5,7 @@ q4_1).
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
 windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
-all presets, command in WORKSPACE.md "Results"): dPPL +1.16 [+0.96, +1.37]
+all presets, command in results/formats.md "Results"): dPPL +1.16 [+0.96, +1.37]
 against baseline PPL 23.5115, KL 0.0486 ± 0.0016, top-1 0.8748 ± 0.0033; stored
 5.00 bits/element, effective 5.00 at 512 tokens and 5.00 at 4096. Full
 precision: K: none; V: none.

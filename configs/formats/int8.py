@@ -2,7 +2,7 @@
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
 windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
-all presets, command in WORKSPACE.md "Results"): dPPL +0.006 [−0.014, +0.026]
+all presets, command in results/formats.md "Results"): dPPL +0.006 [−0.014, +0.026]
 against baseline PPL 23.5115 (no measurable change), KL 0.000683 ± 0.000022,
 top-1 0.9850 ± 0.0012; stored 8.25 bits/element, effective 8.25 at 512 tokens
 and 8.25 at 4096. Full precision: K: none; V: none.

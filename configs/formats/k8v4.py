@@ -6,7 +6,7 @@ sweep point `q8_0/q4_0`.
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
 windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
-all presets, command in WORKSPACE.md "Results"): dPPL +0.293 [+0.226, +0.361]
+all presets, command in results/formats.md "Results"): dPPL +0.293 [+0.226, +0.361]
 against baseline PPL 23.5115, KL 0.00948 ± 0.00040, top-1 0.9440 ± 0.0026;
 stored 6.50 bits/element, effective 6.50 at 512 tokens and 6.50 at 4096. Full
 precision: K: none; V: none.

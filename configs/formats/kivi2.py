@@ -2,7 +2,7 @@
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
 windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
-all presets, command in WORKSPACE.md "Results"): dPPL +4.97 [+4.34, +5.63]
+all presets, command in results/formats.md "Results"): dPPL +4.97 [+4.34, +5.63]
 against baseline PPL 23.5115, KL 0.1901 ± 0.0077, top-1 0.7575 ± 0.0061; stored
 3.00 bits/element, effective 6.64 at 512 tokens and 3.46 at 4096. Full
 precision: K: up to 159 tokens (sinks 0, residual 128, flush window 31); V: up

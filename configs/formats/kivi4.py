@@ -2,7 +2,7 @@
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
 windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
-all presets, command in WORKSPACE.md "Results"): dPPL −0.016 [−0.063, +0.031]
+all presets, command in results/formats.md "Results"): dPPL −0.016 [−0.063, +0.031]
 against baseline PPL 23.5115 (no measurable change), KL 0.00395 ± 0.00018,
 top-1 0.9628 ± 0.0019; stored 5.00 bits/element, effective 8.08 at 512 tokens
 and 5.39 at 4096. Full precision: K: up to 159 tokens (sinks 0, residual 128,

@@ -10,7 +10,7 @@ int4 storage as they are written (no value is held in full precision).
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
 windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
-all presets, command in WORKSPACE.md "Results"): dPPL +0.207 [+0.121, +0.294]
+all presets, command in results/formats.md "Results"): dPPL +0.207 [+0.121, +0.294]
 against baseline PPL 23.5115, KL 0.00934 ± 0.00032, top-1 0.9416 ± 0.0024;
 stored 5.00 bits/element, effective 5.33 at 512 tokens and 5.04 at 4096. Full
 precision: K: up to 31 tokens (sinks 0, residual 0, flush window 31); V: none,

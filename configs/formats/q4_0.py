@@ -11,7 +11,7 @@ quantized cache as it is written (flush_block 1).
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
 windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
-all presets, command in WORKSPACE.md "Results"): dPPL +2.75 [+2.41, +3.10]
+all presets, command in results/formats.md "Results"): dPPL +2.75 [+2.41, +3.10]
 against baseline PPL 23.5115, KL 0.0906 ± 0.0027, top-1 0.8289 ± 0.0039; stored
 4.50 bits/element, effective 4.50 at 512 tokens and 4.50 at 4096. Full
 precision: K: none; V: none.

@@ -10,7 +10,7 @@ quantized cache as it is written (flush_block 1).
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
 windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
-all presets, command in WORKSPACE.md "Results"): dPPL +1.22 [+1.02, +1.43]
+all presets, command in results/formats.md "Results"): dPPL +1.22 [+1.02, +1.43]
 against baseline PPL 23.5115, KL 0.0504 ± 0.0017, top-1 0.8706 ± 0.0039; stored
 5.00 bits/element, effective 5.00 at 512 tokens and 5.00 at 4096. Full
 precision: K: none; V: none.

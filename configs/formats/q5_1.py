@@ -10,7 +10,7 @@ quantized cache as it is written (flush_block 1).
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
 windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
-all presets, command in WORKSPACE.md "Results"): dPPL +0.302 [+0.215, +0.388]
+all presets, command in results/formats.md "Results"): dPPL +0.302 [+0.215, +0.388]
 against baseline PPL 23.5115, KL 0.01065 ± 0.00036, top-1 0.9398 ± 0.0020;
 stored 6.00 bits/element, effective 6.00 at 512 tokens and 6.00 at 4096. Full
 precision: K: none; V: none.

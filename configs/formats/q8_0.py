@@ -10,7 +10,7 @@ token committed to the quantized cache as it is written (flush_block 1).
 
 Measured (SmolLM2-135M-Instruct, Q4_1 GGUF weights; WikiText-2 test, first 40
 windows x 512, second-half scoring, float32 compute, 2-core CPU; one sweep for
-all presets, command in WORKSPACE.md "Results"): dPPL +0.010 [−0.003, +0.024]
+all presets, command in results/formats.md "Results"): dPPL +0.010 [−0.003, +0.024]
 against baseline PPL 23.5115 (no measurable change), KL 0.000320 ± 0.000010,
 top-1 0.98961 ± 0.00099; stored 8.50 bits/element, effective 8.50 at 512 tokens
 and 8.50 at 4096. Full precision: K: none; V: none.

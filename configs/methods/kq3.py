@@ -7,7 +7,7 @@ Hadamard, the first token in bfloat16 (`configs/base.py`
 
 Measured (SmolLM2-135M-Instruct, WikiText-2 test, first 40 windows x 512,
 second-half scoring, float32, 2-core CPU; sweep `runs/issue14/sweep_kq`,
-WORKSPACE.md "Rotations, Lloyd-Max codebooks and calibrated keys", its
+results/rotations_and_codebooks.md "Rotations, Lloyd-Max codebooks and calibrated keys", its
 static-keys table): dPPL +2.159 [+1.873,
 +2.449] against baseline PPL 23.5115, KL 0.0803 ± 0.0030, top-1 0.8386 ±
 0.0036; effective 3.401 bits at 512 tokens, 3.323 at 4096. tq3 in the same

@@ -6,7 +6,7 @@ Stored 4.125 bits/element.
 
 Measured (SmolLM2-135M-Instruct, WikiText-2 test, first 40 windows x 512,
 second-half scoring, float32, 2-core CPU; sweep `runs/issue14/sweep_kq`,
-WORKSPACE.md "Rotations, Lloyd-Max codebooks and calibrated keys", its
+results/rotations_and_codebooks.md "Rotations, Lloyd-Max codebooks and calibrated keys", its
 static-keys table): dPPL +0.680 [+0.537,
 +0.823] against baseline PPL 23.5115, KL 0.0273 ± 0.0008, top-1 0.9024 ±
 0.0035; effective 4.213 bits at 512 tokens, 4.136 at 4096 (the sink token,

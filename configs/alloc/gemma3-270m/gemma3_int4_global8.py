@@ -4,7 +4,7 @@ At long context only the global layers grow (the local rings hold 512
 tokens each), so their precision sets the cost per token: this preset keeps
 int8 per token (8 + 16/256 bits with Gemma's head_dim 256) on the layers that
 see the whole context and 5 bits in the local rings. Measured figures:
-WORKSPACE.md "Results per model".
+results/models.md "Results per model".
 
 Run: python -m experiments.run --config=gemma3_int4_global8
 """
