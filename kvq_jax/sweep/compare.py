@@ -21,6 +21,7 @@ import ml_collections
 
 from kvq_jax.bench.timing import machine_description
 from kvq_jax.eval.uncertainty_format import describe_delta_ci
+from kvq_jax.sweep import pairs as sweep_pairs
 from kvq_jax.sweep.runner import SweepRequest, run_sweep
 
 SUMMARY_FILE = "compare.json"
@@ -78,7 +79,10 @@ def run_compare(config: ml_collections.ConfigDict, name: str, against: str,
     raise ValueError(f"compare: {name} and {against} resolve to the same "
                      "cache spec; nothing to compare.")
   out_dir = pathlib.Path(workdir)
-  pair = _read_pair(out_dir / "pairs.csv")
+  sums, tokens = sweep_pairs.load_window_sums(out_dir / "per_window.npz")
+  pair = sweep_pairs.pair_row(sums, tokens, own, against_name,
+                              sweep_pairs.load_kl_sums(out_dir /
+                                                       "per_window.npz"))
   summary = {
       "a": {k: by_name[own].get(k) for k in _ROW_KEYS},
       "b": {k: by_name[against_name].get(k) for k in _ROW_KEYS},
@@ -99,17 +103,6 @@ def run_compare(config: ml_collections.ConfigDict, name: str, against: str,
   print(summary_markdown(summary))
   print(f"wrote {out_dir / SUMMARY_FILE}")
   return summary
-
-
-def _read_pair(path: pathlib.Path) -> dict:
-  header, values = path.read_text(encoding="utf-8").splitlines()[:2]
-  pair = {}
-  for key, value in zip(header.split(","), values.split(",")):
-    try:
-      pair[key] = float(value)
-    except ValueError:
-      pair[key] = value
-  return pair
 
 
 def summary_markdown(summary: dict) -> str:

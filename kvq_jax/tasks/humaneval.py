@@ -181,6 +181,13 @@ def run_pass(runtime: Runtime, tokenizer, problems: Sequence[dict],
   return records, timing
 
 
+def verdict_counts(records: Sequence[dict]) -> dict:
+  """A pass's verdict fields: passed, pass_at_1, statuses."""
+  passed = sum(r["passed"] for r in records)
+  return {"passed": passed, "pass_at_1": passed / len(records),
+          "statuses": counts(r["status"] for r in records)}
+
+
 def compare(base: Sequence[dict], quant: Sequence[dict]) -> dict:
   """The paired comparison of a preset's records with the baseline's."""
   stats = paired_pass_fail([r["passed"] for r in base],
@@ -256,15 +263,13 @@ def run_humaneval(config: ml_collections.ConfigDict, workdir: str,
     jax.clear_caches()
     tokens = int(np.mean([r["prompt_tokens"] + r["new_tokens"]
                           for r in records]))
-    row = {"name": preset, "passed": sum(r["passed"] for r in records),
-           "pass_at_1": float(np.mean([r["passed"] for r in records])),
+    row = {"name": preset, **verdict_counts(records),
            "effective_bits": effective_bits(lm.config, spec,
                                             settings.cache_dtype, tokens),
            "at_tokens": tokens, **timing,
            "seconds_per_problem": (timing["generate_s"]
                                    + timing["execute_s"]) / len(problems),
            "methods": counts(r["method"] for r in records),
-           "statuses": counts(r["status"] for r in records),
            "finish_reasons": counts(r["finish_reason"] for r in records)}
     if preset != BASELINE:
       row["paired"] = compare(out["records"][BASELINE], records)

@@ -50,9 +50,7 @@ def rescore(workdir: str | pathlib.Path,
       record.update(new)
     row["rescore"] = {"before_passed": row["passed"],
                       "isolation": isolation.label, "changed": changed}
-    row["passed"] = sum(r["passed"] for r in records)
-    row["pass_at_1"] = row["passed"] / len(records)
-    row["statuses"] = humaneval.counts(r["status"] for r in records)
+    row.update(humaneval.verdict_counts(records))
   base = out["records"][humaneval.BASELINE]
   for row in out["passes"]:
     if row["name"] != humaneval.BASELINE:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 
 import pytest
 
@@ -171,3 +172,16 @@ def test_results_are_written_atomically(tmp_path, monkeypatch):
   humaneval_report.write(tmp_path, json.loads(before), {})
   assert json.loads((tmp_path / "humaneval.json").read_text()) == \
       json.loads(before)
+
+
+def test_the_published_table_is_the_committed_summary():
+  # results/tasks.md shows the re-scored Qwen run through summary_markdown
+  # of the summary committed beside it: the number lives in the JSON.
+  root = pathlib.Path(__file__).resolve().parents[2] / "results"
+  summary = json.loads((root / "tasks" / "humaneval_qwen2.5-coder-0.5b" /
+                        "humaneval_summary.json").read_text())
+  table = humaneval_report.summary_markdown(summary).split("\n\n", 1)[1]
+  assert table in (root / "tasks.md").read_text()
+  rescored = humaneval_report.rescore_markdown(summary)
+  assert [row["rescore"]["changed"] for row in summary["passes"]] == [[], []]
+  assert "| int8 | 89 | 89 | 0: none |" in rescored
